@@ -1,0 +1,114 @@
+"""The one local-training loop shared by every algorithm.
+
+A rank keeps the whole training set as tensors on its device; a client's batches are
+index slices of those tensors drawn from the client's own generator, keyed by
+(seed, round, client). No DataLoader, no worker processes, no per-client objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..algorithms.local import LocalSolver
+from ..params import FlatModel
+
+
+@dataclass
+class ClientResult:
+    """Outcome of one client's local training in one round.
+
+    Attributes
+    ----------
+    delta : torch.Tensor, shape (L,)
+        x_i^(t, tau_i) - x^(t,0) over the flat state (parameters and float buffers).
+    steps : int
+        Local steps taken (tau_i).
+    anorm : float
+        ||a_i||_1 (FedNova's normaliser; equals ``steps`` for plain SGD).
+    loss : float
+        Mean mini-batch training loss over the local steps.
+    samples : int
+        Mini-batch samples processed (sum of batch sizes).
+    """
+
+    delta: torch.Tensor
+    steps: int
+    anorm: float
+    loss: float
+    samples: int
+
+
+class Trainer:
+    """Runs local SGD for one client at a time on a rank.
+
+    Parameters
+    ----------
+    model : FlatModel
+    x_train, y_train : torch.Tensor, shapes (N, *input_shape) and (N,)
+        The whole training set, on the model's device.
+    batch_size : int
+    augment : callable or None
+        ``augment(xb, gen) -> xb`` applied to each batch (e.g. CIFAR crop and flip).
+    """
+
+    def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, augment=None):
+        self.model = model
+        self.x, self.y = x_train, y_train
+        self.batch_size = batch_size
+        self.augment = augment
+
+    def train(self, x0: torch.Tensor, indices: torch.Tensor, steps: int, solver: LocalSolver,
+              gen: torch.Generator, corr: torch.Tensor | None = None) -> ClientResult:
+        """Train from the global state ``x0`` (L,) on the samples ``indices`` for ``steps`` steps.
+
+        Batches walk through seeded per-epoch permutations of the client's indices
+        (the last batch of an epoch may be partial), cycling epochs as needed.
+        """
+        m = self.model
+        m.load(x0)
+        m.module.train()
+        w = m.weights
+        solver.begin(x0[: m.num_params])
+        n = int(indices.numel())
+        loss_sum = torch.zeros((), device=m.device, dtype=torch.float64)
+        samples = 0
+        perm, pos = None, n
+        for _ in range(steps):
+            if pos >= n:
+                perm, pos = indices[torch.randperm(n, generator=gen, device=gen.device).to(indices.device)], 0
+            batch = perm[pos : pos + self.batch_size]
+            pos += self.batch_size
+            xb, yb = self.x[batch], self.y[batch]
+            if self.augment is not None:
+                xb = self.augment(xb, gen)
+            loss = F.cross_entropy(m.module(xb), yb)
+            g = m.grad(loss)
+            with torch.no_grad():
+                solver.step(w, g, corr)
+            loss_sum += loss.detach()
+            samples += int(batch.numel())
+        delta = m.flat.detach() - x0
+        mean_loss = float(loss_sum) / steps if steps else 0.0
+        return ClientResult(delta, steps, solver.anorm() if steps else 0.0, mean_loss, samples)
+
+
+@torch.no_grad()
+def evaluate_chunks(model: FlatModel, x, y, chunks: list[tuple[int, int]]) -> list[np.ndarray]:
+    """Per-chunk [correct, loss_sum, count] of the model on test slices.
+
+    Chunk boundaries are fixed by the test set, not by the rank layout, so each chunk's
+    values are the same whichever rank computes them; the exact reduction then makes
+    the totals independent of the number of ranks.
+    """
+    model.module.eval()
+    rows = []
+    for lo, hi in chunks:
+        logits = model.module(x[lo:hi])
+        loss = F.cross_entropy(logits, y[lo:hi], reduction="sum")
+        correct = (logits.argmax(1) == y[lo:hi]).sum()
+        rows.append(np.array([float(correct), float(loss), float(hi - lo)]))
+    return rows

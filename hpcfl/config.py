@@ -1,0 +1,260 @@
+"""Job configuration: TOML job files loaded into frozen dataclasses.
+
+A job file has the sections ``[run] [data] [model] [algorithm] [runtime]`` (and
+``[system]`` for the simulated clock). Components chosen by name take their own options
+from a sub-table named after them, e.g. ``[data] partition = "dirichlet"`` with
+``[data.dirichlet] alpha = 0.5``. ``--set a.b=value`` overrides any key; ``value`` is
+parsed as a TOML value (``--set algorithm.lr=0.05``, ``--set model.mlp.hidden=[64,32]``)
+and taken as a plain string when it does not parse (``--set data.root=/scratch/cifar``).
+
+Every problem found is reported at once, each naming its key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+from .options import build
+
+LOCAL_SOLVERS = ("sgd", "prox", "scaffold")
+STEPS_POLICIES = ("epochs", "fixed")
+WEIGHTS_POLICIES = ("size", "uniform")
+SERVER_RULES = ("average",)
+
+# Paper algorithms as presets over the four policy slots (ARCHITECTURE section 2).
+PRESETS = {
+    "fedavg": {"local": "sgd", "weights": "size", "server": "average"},
+    "fedprox": {"local": "prox", "weights": "size", "server": "average"},
+    "scaffold": {"local": "scaffold", "weights": "size", "server": "average"},
+    "custom": {},
+}
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str = "run"
+    seed: int = field(default=0, metadata={"ge": 0})
+    rounds: int = field(default=10, metadata={"gt": 0})
+    eval_every: int = field(default=1, metadata={"ge": 0})  # 0: evaluate after the last round only
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dataset: str = "digits"
+    root: str | None = None
+    partition: str = "iid"
+    num_clients: int = field(default=10, metadata={"gt": 0})
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str = "mlp"
+
+
+@dataclass(frozen=True)
+class AlgorithmSection:
+    name: str = field(default="fedavg", metadata={"choices": tuple(PRESETS)})
+    local: str | None = field(default=None, metadata={"choices": LOCAL_SOLVERS})
+    steps: str | None = field(default=None, metadata={"choices": STEPS_POLICIES})
+    weights: str | None = field(default=None, metadata={"choices": WEIGHTS_POLICIES})
+    server: str | None = field(default=None, metadata={"choices": SERVER_RULES})
+    clients_per_round: int = field(default=0, metadata={"ge": 0})  # 0: all clients
+    lr: float = field(default=0.05, metadata={"gt": 0})
+    momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    weight_decay: float = field(default=0.0, metadata={"ge": 0})
+    mu: float = field(default=0.0, metadata={"ge": 0})
+    batch_size: int = field(default=32, metadata={"gt": 0})
+    local_epochs: int = field(default=1, metadata={"gt": 0})
+    local_steps: int = field(default=0, metadata={"ge": 0})
+    server_lr: float = field(default=1.0, metadata={"gt": 0})
+    server_momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+
+    def validate(self) -> list[str]:
+        p = []
+        if self.local == "prox" and self.mu == 0:
+            p.append("algorithm.local = 'prox' needs algorithm.mu > 0 (FedProx's proximal weight)")
+        if self.local != "prox" and self.mu > 0:
+            p.append(f"algorithm.mu = {self.mu} is only used by local = 'prox'; set algorithm.local = 'prox' or mu = 0")
+        if self.steps == "fixed" and self.local_steps == 0:
+            p.append("algorithm.steps = 'fixed' needs algorithm.local_steps > 0")
+        if self.steps == "epochs" and self.local_steps > 0:
+            p.append("algorithm.local_steps is set but algorithm.steps = 'epochs'; drop one of them")
+        return p
+
+
+@dataclass(frozen=True)
+class RuntimeSection:
+    reduce: str = field(default="exact", metadata={"choices": ("exact", "float")})
+    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
+    threads: int = field(default=0, metadata={"ge": 0})  # 0: cores on the node / ranks on the node
+    dtype: str = field(default="float32", metadata={"choices": ("float32", "float64")})
+    placement: str = field(default="block", metadata={"choices": ("block", "round_robin")})
+    eval_batch_size: int = field(default=1000, metadata={"gt": 0})
+    progress: str = field(default="auto", metadata={"choices": ("auto", "bar", "line", "none")})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved job. ``*_options`` are the chosen components' option dataclasses."""
+
+    run: RunSection
+    data: DataSection
+    model: ModelSection
+    algorithm: AlgorithmSection
+    runtime: RuntimeSection
+    dataset_options: object
+    partition_options: object
+    model_options: object
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict that round-trips through :func:`from_dict`."""
+        d = {}
+        for name in ("run", "data", "model", "algorithm", "runtime"):
+            d[name] = dataclasses.asdict(getattr(self, name))
+        d["data"][self.data.dataset] = dataclasses.asdict(self.dataset_options)
+        d["data"][self.data.partition] = dataclasses.asdict(self.partition_options)
+        d["model"][self.model.name] = dataclasses.asdict(self.model_options)
+        return _drop_none(d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON: identifies the job for resume and provenance."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+def _drop_none(obj):
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    """Split ``a.b.c=value`` into (["a","b","c"], parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r} is not of the form section.key=value (e.g. --set algorithm.lr=0.05)")
+    key, raw = text.split("=", 1)
+    path = [k.strip() for k in key.strip().split(".")]
+    if len(path) < 2 or not all(path):
+        raise ConfigError(f"--set {text!r}: the key must be section.key, e.g. algorithm.lr")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(table: dict, overrides: list[str]) -> dict:
+    """Apply ``--set`` overrides to a parsed job (returns a new dict)."""
+    table = json.loads(json.dumps(table))
+    for text in overrides:
+        path, value = parse_override(text)
+        node = table
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {'.'.join(path[:-1])} is a value, not a section")
+        node[path[-1]] = value
+    return table
+
+
+def read_job(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"job file {str(path)!r} not found; pass the path of a TOML job file (see jobs/)")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"job file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def _split(table: dict, cls, where: str, problems: list[str]) -> tuple[dict, dict]:
+    """Separate a section's own keys from its component sub-tables."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    plain, subs = {}, {}
+    for k, v in (table or {}).items():
+        if isinstance(v, dict) and k not in own:
+            subs[k] = v
+        else:
+            plain[k] = v
+    return plain, subs
+
+
+def _component(kind: str, name: str, subs: dict, chosen: list[str], where: str, problems: list[str]):
+    """Build the options of component ``name`` from its sub-table."""
+    from . import data, models
+
+    lookup = {"dataset": data.dataset_options, "partition": data.partition_options, "model": models.model_options}
+    try:
+        cls = lookup[kind](name)
+    except ConfigError as exc:
+        problems += exc.problems
+        return None
+    return build(cls, subs.get(name), f"{where}.{name}", problems)
+
+
+def from_dict(table: dict) -> Config:
+    """Validate a parsed job and build the :class:`Config`; raises ConfigError listing every problem."""
+    problems: list[str] = []
+    known = {"run", "data", "model", "algorithm", "runtime", "system"}
+    for k, v in table.items():
+        if k not in known:
+            problems.append(f"unknown section [{k}]; valid sections: {', '.join(sorted(known))}")
+        elif not isinstance(v, dict):
+            problems.append(f"{k} must be a table ([{k}]), found {v!r}")
+    t = {k: v for k, v in table.items() if isinstance(v, dict)}
+
+    run = build(RunSection, t.get("run"), "run", problems)
+    data_plain, data_subs = _split(t.get("data"), DataSection, "data", problems)
+    data = build(DataSection, data_plain, "data", problems)
+    model_plain, model_subs = _split(t.get("model"), ModelSection, "model", problems)
+    model = build(ModelSection, model_plain, "model", problems)
+    alg_table = dict(t.get("algorithm") or {})
+    preset = alg_table.get("name", "fedavg")
+    for slot, value in PRESETS.get(preset, {}).items():
+        alg_table.setdefault(slot, value)
+    alg_table.setdefault("local", "sgd")
+    alg_table.setdefault("weights", "size")
+    alg_table.setdefault("server", "average")
+    alg_table.setdefault("steps", "fixed" if alg_table.get("local_steps") else "epochs")
+    algorithm = build(AlgorithmSection, alg_table, "algorithm", problems)
+    runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
+
+    dataset_options = partition_options = model_options = None
+    if data is not None:
+        dataset_options = _component("dataset", data.dataset, data_subs, [], "data", problems)
+        partition_options = _component("partition", data.partition, data_subs, [], "data", problems)
+        for name in data_subs:
+            if name not in (data.dataset, data.partition):
+                problems.append(
+                    f"[data.{name}] is given but data.dataset = {data.dataset!r} and data.partition = "
+                    f"{data.partition!r}; rename the table or choose that component"
+                )
+    if model is not None:
+        model_options = _component("model", model.name, model_subs, [], "model", problems)
+        for name in model_subs:
+            if name != model.name:
+                problems.append(f"[model.{name}] is given but model.name = {model.name!r}; rename the table")
+    if data is not None and algorithm is not None and algorithm.clients_per_round > data.num_clients:
+        problems.append(
+            f"algorithm.clients_per_round = {algorithm.clients_per_round} exceeds data.num_clients = "
+            f"{data.num_clients}; lower it (0 means all clients)"
+        )
+    if problems:
+        raise ConfigError(problems)
+    return Config(run, data, model, algorithm, runtime, dataset_options, partition_options, model_options)
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a job file, apply ``--set`` overrides and validate."""
+    return from_dict(apply_overrides(read_job(path), overrides or []))

@@ -1,0 +1,161 @@
+"""The results file ``<out>/results.h5``, written by global rank 0 only.
+
+Layout (every ``/metrics`` and ``/clients`` dataset is 1-D, resizable, and grows by
+one row per round or per participating client; the file is flushed after every round)::
+
+    /                      attrs: config (JSON), config_sha256, versions (JSON), world_size,
+                                  devices (JSON list, one per rank), seed, hpcfl_version,
+                                  status ("running" | "finished")
+    /metrics/round                 int64    round index, 0-based
+    /metrics/train_loss            float64  weight-averaged mean local mini-batch loss
+    /metrics/test_accuracy         float64  NaN on rounds without evaluation
+    /metrics/test_loss             float64  NaN on rounds without evaluation
+    /metrics/clients_participating int64
+    /metrics/time_train, time_reduce, time_server, time_eval, time_round
+                                   float64  real seconds per phase on rank 0
+    /clients/round, /clients/client, /clients/steps      int64
+    /clients/weight, /clients/train_loss                 float64
+    /partition/class_counts        int64 (clients, classes)  training samples per class
+    /final/params                  float32 (L,)   final flat model (parameters, then float buffers)
+    /final/param_names             str (entries,) "param:<module path>" or "buffer:<path>"
+    /final/param_shapes            JSON string attribute ``shapes`` on /final (list of lists)
+
+Load a final model into torch: ``hpcfl.results.load(path).state_dict()``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+METRICS = {
+    "round": np.int64,
+    "train_loss": np.float64,
+    "test_accuracy": np.float64,
+    "test_loss": np.float64,
+    "clients_participating": np.int64,
+    "time_train": np.float64,
+    "time_reduce": np.float64,
+    "time_server": np.float64,
+    "time_eval": np.float64,
+    "time_round": np.float64,
+}
+CLIENT_FIELDS = {
+    "round": np.int64,
+    "client": np.int64,
+    "steps": np.int64,
+    "weight": np.float64,
+    "train_loss": np.float64,
+}
+
+
+def _append(ds: h5py.Dataset, values) -> None:
+    values = np.asarray(values, dtype=ds.dtype).reshape(-1)
+    n = ds.shape[0]
+    ds.resize((n + values.size,))
+    ds[n:] = values
+
+
+class ResultsWriter:
+    """Creates and appends to ``results.h5`` (use on global rank 0 only).
+
+    Parameters
+    ----------
+    path : Path
+    attrs : dict
+        Root attributes; dict and list values are stored as JSON strings.
+    class_counts : np.ndarray, shape (clients, classes)
+    """
+
+    def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray):
+        self.path = Path(path)
+        self.file = h5py.File(self.path, "w")
+        for k, v in attrs.items():
+            self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        self.file.attrs["status"] = "running"
+        for group, fields in (("metrics", METRICS), ("clients", CLIENT_FIELDS)):
+            g = self.file.create_group(group)
+            for name, dtype in fields.items():
+                g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+        self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64))
+        self.file.flush()
+
+    def append_round(self, metrics: dict, clients: dict) -> None:
+        """Append one round: ``metrics`` has a scalar per METRICS key, ``clients`` an array per field."""
+        missing = set(METRICS) - set(metrics)
+        if missing:
+            raise KeyError(f"metrics missing {sorted(missing)}")
+        for name, value in metrics.items():
+            _append(self.file["metrics"][name], [value])
+        for name in CLIENT_FIELDS:
+            _append(self.file["clients"][name], clients[name])
+        self.file.flush()
+
+    def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple]) -> None:
+        g = self.file.require_group("final")
+        g.create_dataset("params", data=np.asarray(params, dtype=np.float32))
+        g.create_dataset("param_names", data=np.array(names, dtype=h5py.string_dtype()))
+        g.attrs["shapes"] = json.dumps([list(s) for s in shapes])
+        self.file.attrs["status"] = "finished"
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class Results:
+    """Plain-array view of a results file (see module docstring for the layout)."""
+
+    metrics: dict[str, np.ndarray]
+    clients: dict[str, np.ndarray]
+    config: dict
+    attrs: dict
+    class_counts: np.ndarray
+    final_params: np.ndarray | None = None
+    param_names: list[str] = field(default_factory=list)
+    param_shapes: list[tuple] = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        """The final model as ``{module path: torch.Tensor}`` for ``model.load_state_dict(..., strict=False)``."""
+        import torch
+
+        out, offset = {}, 0
+        for name, shape in zip(self.param_names, self.param_shapes):
+            size = int(np.prod(shape))
+            out[name.split(":", 1)[1]] = torch.from_numpy(self.final_params[offset : offset + size].reshape(shape).copy())
+            offset += size
+        return out
+
+
+def load(path: str | Path) -> Results:
+    """Read a results file (a finished or a running one) into plain numpy arrays.
+
+    ``path`` may be the file or the run's output directory.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.h5"
+    with h5py.File(path, "r") as f:
+        attrs = {}
+        for k, v in f.attrs.items():
+            v = v.decode() if isinstance(v, bytes) else v
+            if isinstance(v, str) and v[:1] in "[{":
+                v = json.loads(v)
+            attrs[k] = v.item() if isinstance(v, np.generic) else v
+        res = Results(
+            metrics={k: f["metrics"][k][()] for k in f["metrics"]},
+            clients={k: f["clients"][k][()] for k in f["clients"]},
+            config=attrs.get("config", {}),
+            attrs=attrs,
+            class_counts=f["partition/class_counts"][()],
+        )
+        if "final" in f:
+            res.final_params = f["final/params"][()]
+            res.param_names = [s.decode() if isinstance(s, bytes) else s for s in f["final/param_names"][()]]
+            res.param_shapes = [tuple(s) for s in json.loads(f["final"].attrs["shapes"])]
+    return res

@@ -1,0 +1,150 @@
+"""Strict construction of frozen option dataclasses from TOML tables.
+
+Every component (dataset, partition, model, policy) declares its options as a frozen
+dataclass. Constraints live in field metadata so that validation is declarative:
+
+>>> @dataclass(frozen=True)
+... class Opts:
+...     alpha: float = field(default=0.5, metadata={"gt": 0})
+...     kind: str = field(default="a", metadata={"choices": ("a", "b")})
+
+:func:`build` checks unknown keys, types and ranges and reports every problem at once,
+each naming its full key (``data.dirichlet.alpha``) and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from .errors import ConfigError
+
+_BOUNDS = {
+    "gt": (lambda v, b: v > b, "greater than"),
+    "ge": (lambda v, b: v >= b, "at least"),
+    "lt": (lambda v, b: v < b, "less than"),
+    "le": (lambda v, b: v <= b, "at most"),
+}
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        return f"a list of {_type_name(inner)}"
+    if origin is typing.Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _coerce(value, tp):
+    """Return ``value`` converted to ``tp`` or raise TypeError. Never silently rounds."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a)
+            except TypeError:
+                pass
+        raise TypeError
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
+        return tuple(_coerce(v, inner) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise TypeError
+        return value
+    raise TypeError(f"unsupported option type {tp}")
+
+
+def check_value(name: str, value, meta: dict) -> list[str]:
+    """Range and choice problems of one value, per the field's metadata."""
+    problems = []
+    if value is None:
+        return problems
+    values = value if isinstance(value, tuple) else (value,)
+    for v in values:
+        if "choices" in meta and v not in meta["choices"]:
+            choices = ", ".join(repr(c) for c in meta["choices"])
+            problems.append(f"{name} = {v!r} is not valid; choose one of {choices}")
+            break
+        for key, (ok, words) in _BOUNDS.items():
+            if key in meta and isinstance(v, (int, float)) and not ok(v, meta[key]):
+                problems.append(f"{name} = {v!r} must be {words} {meta[key]}")
+    return problems
+
+
+def build(cls, table: dict | None, where: str, problems: list[str] | None = None):
+    """Build the frozen dataclass ``cls`` from ``table``.
+
+    Parameters
+    ----------
+    cls : dataclass type
+        Frozen dataclass; each field may carry ``gt/ge/lt/le/choices`` metadata. A
+        ``validate(self) -> list[str]`` method, if present, adds cross-field checks
+        (messages without the prefix; it is added here).
+    table : dict or None
+        Parsed TOML table (None means all defaults).
+    where : str
+        Dotted prefix for messages, e.g. ``"data.dirichlet"``.
+    problems : list of str, optional
+        When given, problems are appended and the defaults-filled object (or None) is
+        returned instead of raising, so a caller can report everything at once.
+
+    Returns
+    -------
+    cls instance, or None when problems were found and ``problems`` was given.
+    """
+    own: list[str] = []
+    table = dict(table or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in table:
+        if key not in fields:
+            valid = ", ".join(sorted(fields)) or "(none)"
+            own.append(f"unknown key {where}.{key}; valid keys here: {valid}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in table:
+            continue
+        try:
+            kwargs[name] = _coerce(table[name], hints[name])
+        except TypeError:
+            own.append(
+                f"{where}.{name} = {table[name]!r} has the wrong type; expected "
+                f"{_type_name(hints[name])}"
+            )
+            continue
+        own += check_value(f"{where}.{name}", kwargs[name], f.metadata)
+    obj = None
+    if not own:
+        obj = cls(**kwargs)
+        if hasattr(obj, "validate"):
+            own += [f"{where}: {msg}" if not msg.startswith(where) else msg for msg in obj.validate()]
+    if problems is not None:
+        problems += own
+        return None if own else obj
+    if own:
+        raise ConfigError(own)
+    return obj

@@ -1,0 +1,41 @@
+"""Randomness as a pure function of (seed, stream, round, client).
+
+Nothing is ever keyed by rank and no generator is advanced across clients, so moving a
+client to another rank, or asking about clients in another order, never changes a draw
+(fedjax's sampler follows the same rule).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Stream ids separate independent uses of the same (seed, round, client).
+COHORT = 1
+CLIENT_TRAIN = 2
+MODEL_INIT = 3
+STEPS = 4
+WEIGHTS = 5
+EVAL = 6
+
+
+def seed_sequence(seed: int, stream: int, rnd: int = 0, client: int = 0) -> np.random.SeedSequence:
+    """The SeedSequence for one key; entropy mixes all four integers."""
+    return np.random.SeedSequence([int(seed), int(stream), int(rnd), int(client)])
+
+
+def numpy_rng(seed: int, stream: int, rnd: int = 0, client: int = 0) -> np.random.Generator:
+    """A numpy Generator keyed by (seed, stream, round, client)."""
+    return np.random.default_rng(seed_sequence(seed, stream, rnd, client))
+
+
+def torch_seed(seed: int, stream: int, rnd: int = 0, client: int = 0) -> int:
+    """A 63-bit integer seed for torch generators, keyed like :func:`numpy_rng`."""
+    return int(seed_sequence(seed, stream, rnd, client).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def torch_generator(device: torch.device, seed: int, stream: int, rnd: int = 0, client: int = 0) -> torch.Generator:
+    """A torch Generator on ``device`` keyed like :func:`numpy_rng`."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(torch_seed(seed, stream, rnd, client))
+    return gen
