@@ -117,17 +117,26 @@ class ExactSum:
         self.rows.append(row)
         np.maximum(self.maxabs, np.abs(row), out=self.maxabs)
 
-    def reduce(self, comm, total: int, root: int | None = 0) -> np.ndarray | None:
-        """Sum over all ranks; the result on ``root`` (all ranks if root is None)."""
-        MPI = mpi_module()
+    def exponents(self) -> np.ndarray:
+        """int16 exponents e_j with max|v_j| < 2**e_j over local rows (-32768 where all zero)."""
         mant, exp = np.frexp(self.maxabs)
-        exp = np.where(mant == 0, _EMPTY, exp).astype(np.int16)
-        comm.Allreduce(MPI.IN_PLACE, exp, op=MPI.MAX)
+        return np.where(mant == 0, _EMPTY, exp).astype(np.int16)
+
+    def quantized_sum(self, exp: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sum of rint(v * 2**shift) as int64, shift) on the grid of the agreed exponents."""
         b = fixed_point_bits(total)
         shift = np.where(exp == _EMPTY, 0, b - exp.astype(np.int64)).astype(np.int32)
         qsum = np.zeros(self.length, dtype=np.int64)
         for row in self.rows:
             qsum += np.rint(np.ldexp(row, shift)).astype(np.int64)
+        return qsum, shift
+
+    def reduce(self, comm, total: int, root: int | None = 0) -> np.ndarray | None:
+        """Sum over all ranks; the result on ``root`` (all ranks if root is None)."""
+        MPI = mpi_module()
+        exp = self.exponents()
+        comm.Allreduce(MPI.IN_PLACE, exp, op=MPI.MAX)
+        qsum, shift = self.quantized_sum(exp, total)
         if root is None:
             comm.Allreduce(MPI.IN_PLACE, qsum, op=MPI.SUM)
         elif comm.rank == root:
@@ -135,7 +144,12 @@ class ExactSum:
         else:
             comm.Reduce(qsum, None, op=MPI.SUM, root=root)
             return None
-        return np.ldexp(qsum.astype(np.float64), -shift)
+        return dequantize(qsum, shift)
+
+
+def dequantize(qsum: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """float64 values of fixed-point sums: qsum * 2**-shift (one rounding, in the int-to-float conversion)."""
+    return np.ldexp(qsum.astype(np.float64), -shift)
 
 
 class FloatSum:
