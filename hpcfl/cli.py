@@ -7,7 +7,7 @@ from all ranks, printed once by rank 0, and end every rank with exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +43,21 @@ def _agree(comm, err: Exception | None) -> None:
     if bad:
         if comm.rank == 0:
             print(bad[0], file=sys.stderr, flush=True)
-        sys.exit(EXIT_INPUT)
+        _exit_all(EXIT_INPUT)
+
+
+def _exit_all(code: int) -> None:
+    """Exit with ``code`` on a path every rank takes together.
+
+    A plain ``sys.exit`` under ``python -m mpi4py`` becomes ``MPI_Abort`` (noisy, and it
+    kills the other ranks before they print); since all ranks agreed, finalise cleanly.
+    """
+    from .comm import mpi_module
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi_module().Finalize()
+    os._exit(code)
 
 
 def cmd_run(args, comm) -> int:

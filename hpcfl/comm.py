@@ -12,10 +12,10 @@ agree on first, and sums integers, which is associative:
 
 1. each rank keeps its contributions (rows of length L) and their element-wise max |v|;
 2. ``Allreduce(MAX)`` of the int16 binary exponents ``e_j`` of those maxima
-   (``max|v_j| < 2**e_j``);
+   (``max|v_j| < 2**e_j``, read straight from the float64 bits);
 3. every row is quantised as ``q = rint(v * 2**(b - e_j))`` with
    ``b = 62 - ceil(log2(K))`` for K contributions in total, so ``sum |q| < 2**62``;
-4. ``Reduce(SUM)`` of the int64 sums; the root converts back, ``sum_q * 2**(e_j - b)``.
+4. ``Allreduce(SUM)`` of the int64 sums; converted back as ``sum_q * 2**(e_j - b)``.
 
 Each quantised value depends only on its own value and the agreed grid, and integer sums
 do not depend on order, so the result is bitwise identical for any number of ranks and
@@ -25,7 +25,7 @@ that element. Elements where every contribution is zero stay exactly zero.
 
 The price is memory: a rank holds its contributions until the grid is agreed
 (local contributions x L x 8 bytes). ``reduce = "float"`` keeps one running float64 sum
-instead and reduces it with a plain ``Reduce(SUM)``: cheaper, but not bitwise
+instead and reduces it with a plain ``Allreduce(SUM)``: cheaper, but not bitwise
 reproducible across rank counts.
 """
 
@@ -37,7 +37,6 @@ import numpy as np
 
 from .errors import ConfigError
 
-_EMPTY = np.int16(-32768)  # exponent of an element whose contributions are all zero
 
 
 def world():
@@ -98,38 +97,69 @@ class ExactSum:
     Usage: ``acc = ExactSum(length)``; ``acc.add(row)`` for each local contribution;
     ``acc.reduce(comm, total, root=0)`` on every rank. ``total`` is the number of
     contributions over all ranks (it bounds the integer sum); all ranks must pass the
-    same value.
+    same value. ``reset()`` starts the next sum and keeps every buffer: touching fresh
+    memory costs more than the arithmetic at 10^7 elements, so the engine keeps one
+    accumulator for the whole run.
     """
 
     exact = True
 
     def __init__(self, length: int):
         self.length = int(length)
-        self.rows: list[np.ndarray] = []
+        self._pool: list[np.ndarray] = []   # row buffers, reused across reset()
+        self.count = 0
         self.maxabs = np.zeros(self.length, dtype=np.float64)
+        self._tmp = self._itmp = self._qsum = None
+
+    @property
+    def rows(self) -> list[np.ndarray]:
+        return self._pool[: self.count]
+
+    def reset(self) -> None:
+        self.count = 0
+        self.maxabs.fill(0.0)
 
     def add(self, row: np.ndarray) -> None:
-        row = np.ascontiguousarray(row, dtype=np.float64)
+        row = np.asarray(row, dtype=np.float64).reshape(-1)
         if row.shape != (self.length,):
             raise ValueError(f"row of shape {row.shape}, expected ({self.length},)")
-        if not np.all(np.isfinite(row)):
+        if not np.isfinite(row).all():
             raise FloatingPointError("a contribution holds NaN or Inf; it cannot be summed")
-        self.rows.append(row)
-        np.maximum(self.maxabs, np.abs(row), out=self.maxabs)
+        if self.count == len(self._pool):
+            self._pool.append(np.empty(self.length, dtype=np.float64))
+        buf = self._pool[self.count]
+        np.copyto(buf, row)
+        self.count += 1
+        np.maximum(self.maxabs, np.abs(buf, out=self._scratch()), out=self.maxabs)
+
+    def _scratch(self) -> np.ndarray:
+        if self._tmp is None:
+            self._tmp = np.empty(self.length, dtype=np.float64)
+            self._itmp = np.empty(self.length, dtype=np.int64)
+            self._qsum = np.empty(self.length, dtype=np.int64)
+        return self._tmp
 
     def exponents(self) -> np.ndarray:
-        """int16 exponents e_j with max|v_j| < 2**e_j over local rows (-32768 where all zero)."""
-        mant, exp = np.frexp(self.maxabs)
-        return np.where(mant == 0, _EMPTY, exp).astype(np.int16)
+        """Biased binary exponents E_j (int16) of the local max |v_j|, read from the bits.
+
+        For a normal float, 2**(E-1023) <= |v| < 2**(E-1022); zeros and subnormals have
+        E = 0 and are below 2**-1022. So ``max|v_j| < 2**(E_j - 1022)`` always, and the
+        MAX over ranks of E_j is the grid exponent for element j (zeros need no special case).
+        """
+        return (self.maxabs.view(np.uint64) >> np.uint64(52)).astype(np.int16)
 
     def quantized_sum(self, exp: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
         """(sum of rint(v * 2**shift) as int64, shift) on the grid of the agreed exponents."""
         b = fixed_point_bits(total)
-        shift = np.where(exp == _EMPTY, 0, b - exp.astype(np.int64)).astype(np.int32)
-        qsum = np.zeros(self.length, dtype=np.int64)
+        shift = (b + 1022) - exp.astype(np.int32)  # |v * 2**shift| < 2**b
+        tmp, itmp, qsum = self._scratch(), self._itmp, self._qsum
+        qsum.fill(0)
         for row in self.rows:
-            qsum += np.rint(np.ldexp(row, shift)).astype(np.int64)
-        return qsum, shift
+            np.ldexp(row, shift, out=tmp)
+            np.rint(tmp, out=tmp)
+            np.copyto(itmp, tmp, casting="unsafe")  # exact: |tmp| < 2**62 is an integer
+            qsum += itmp
+        return qsum.copy(), shift
 
     def reduce(self, comm, total: int, root: int | None = 0) -> np.ndarray | None:
         """Sum over all ranks; the result on ``root`` (all ranks if root is None)."""
@@ -137,23 +167,22 @@ class ExactSum:
         exp = self.exponents()
         comm.Allreduce(MPI.IN_PLACE, exp, op=MPI.MAX)
         qsum, shift = self.quantized_sum(exp, total)
-        if root is None:
-            comm.Allreduce(MPI.IN_PLACE, qsum, op=MPI.SUM)
-        elif comm.rank == root:
-            comm.Reduce(MPI.IN_PLACE, qsum, op=MPI.SUM, root=root)
-        else:
-            comm.Reduce(qsum, None, op=MPI.SUM, root=root)
+        # Allreduce, not Reduce: MPICH's large-message Allreduce is 2-3x faster than its
+        # Reduce here (80 MB: 0.07 s vs 0.17 s on 2 ranks), and the result is the same.
+        comm.Allreduce(MPI.IN_PLACE, qsum, op=MPI.SUM)
+        if root is not None and comm.rank != root:
             return None
         return dequantize(qsum, shift)
 
 
 def dequantize(qsum: np.ndarray, shift: np.ndarray) -> np.ndarray:
     """float64 values of fixed-point sums: qsum * 2**-shift (one rounding, in the int-to-float conversion)."""
-    return np.ldexp(qsum.astype(np.float64), -shift)
+    out = qsum.astype(np.float64)
+    return np.ldexp(out, -shift, out=out)
 
 
 class FloatSum:
-    """Plain float64 running sum and ``Reduce(SUM)``: fast, not bitwise reproducible."""
+    """Plain float64 running sum and ``Allreduce(SUM)``: fast, not bitwise reproducible."""
 
     exact = False
 
@@ -161,22 +190,21 @@ class FloatSum:
         self.length = int(length)
         self.acc = np.zeros(self.length, dtype=np.float64)
 
+    def reset(self) -> None:
+        self.acc.fill(0.0)
+
     def add(self, row: np.ndarray) -> None:
         row = np.asarray(row, dtype=np.float64)
-        if not np.all(np.isfinite(row)):
+        if not np.isfinite(row).all():
             raise FloatingPointError("a contribution holds NaN or Inf; it cannot be summed")
         self.acc += row
 
     def reduce(self, comm, total: int, root: int | None = 0) -> np.ndarray | None:
         MPI = mpi_module()
-        if root is None:
-            comm.Allreduce(MPI.IN_PLACE, self.acc, op=MPI.SUM)
-        elif comm.rank == root:
-            comm.Reduce(MPI.IN_PLACE, self.acc, op=MPI.SUM, root=root)
-        else:
-            comm.Reduce(self.acc, None, op=MPI.SUM, root=root)
+        comm.Allreduce(MPI.IN_PLACE, self.acc, op=MPI.SUM)
+        if root is not None and comm.rank != root:
             return None
-        return self.acc
+        return self.acc.copy()
 
 
 def make_sum(mode: str, length: int):

@@ -15,9 +15,12 @@ each naming its full key (``data.dirichlet.alpha``) and the fix.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 
 from .errors import ConfigError
+
+_UNIONS = (typing.Union, types.UnionType)  # Optional[X] and X | None
 
 _BOUNDS = {
     "gt": (lambda v, b: v > b, "greater than"),
@@ -32,7 +35,7 @@ def _type_name(tp) -> str:
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
         return f"a list of {_type_name(inner)}"
-    if origin is typing.Union:
+    if origin in _UNIONS:
         return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
         tp, getattr(tp, "__name__", str(tp))
@@ -42,7 +45,7 @@ def _type_name(tp) -> str:
 def _coerce(value, tp):
     """Return ``value`` converted to ``tp`` or raise TypeError. Never silently rounds."""
     origin = typing.get_origin(tp)
-    if origin is typing.Union:
+    if origin in _UNIONS:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None

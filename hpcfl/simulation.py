@@ -128,6 +128,7 @@ def run(s: Setup, on_round=None) -> np.ndarray:
     x = s.model.numpy()                          # global model; authoritative on rank 0
     comm.Bcast(x, root=0)
     extra = algo.broadcast_extra()
+    acc = make_sum(cfg.runtime.reduce, algo.layout.length)   # buffers kept across rounds
     for rnd in range(cfg.run.rounds):
         t0 = time.perf_counter()
         cohort = sample_cohort(seed, rnd, N, cfg.algorithm.clients_per_round)
@@ -136,7 +137,7 @@ def run(s: Setup, on_round=None) -> np.ndarray:
         weights = algo.weights(rnd, cohort, sizes)
 
         x0 = torch.from_numpy(x).to(s.device)
-        acc = make_sum(cfg.runtime.reduce, algo.layout.length)
+        acc.reset()
         records = []
         for j in np.flatnonzero(s.owner[cohort] == comm.rank):
             cid, slot = int(cohort[j]), int(s.slot[cohort[j]])

@@ -1,0 +1,160 @@
+"""The command line end to end: results schema, input errors on every rank, safety."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcfl import config
+from hpcfl.results import load
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_JOB = """
+[run]
+name = "e2e"
+seed = 5
+rounds = 4
+eval_every = 2
+[data]
+dataset = "digits"
+partition = "dirichlet"
+num_clients = 6
+[data.dirichlet]
+alpha = 0.5
+[model]
+name = "mlp"
+[model.mlp]
+hidden = [8]
+[algorithm]
+name = "scaffold"
+clients_per_round = 4
+lr = 0.1
+local_steps = 3
+[runtime]
+threads = 1
+"""
+
+
+def hpcfl(*args, ranks=0, timeout=120):
+    cmd = [sys.executable, "-m", "mpi4py", "-m", "hpcfl", *args]
+    if ranks:
+        cmd = ["mpiexec", "-n", str(ranks), *cmd]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    p.seconds = time.perf_counter() - t
+    return p
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    job = d / "job.toml"
+    job.write_text(SMALL_JOB)
+    p = hpcfl("run", str(job), "--out", str(d / "out"), "--set", "algorithm.lr=0.05")
+    assert p.returncode == 0, p.stderr
+    return d, p
+
+
+def test_results_schema(finished):
+    d, p = finished
+    path = d / "out" / "results.h5"
+    with h5py.File(path, "r") as f:
+        assert f.attrs["status"] == "finished"
+        cfg = json.loads(f.attrs["config"])
+        assert cfg["algorithm"]["lr"] == 0.05 and cfg["algorithm"]["local"] == "scaffold"
+        assert config.from_dict(cfg).digest() == f.attrs["config_sha256"]
+        versions = json.loads(f.attrs["versions"])
+        assert {"hpcfl", "torch", "numpy", "h5py", "mpi4py", "mpi"} <= set(versions)
+        assert f.attrs["world_size"] == 1 and json.loads(f.attrs["devices"]) == ["cpu"] and f.attrs["seed"] == 5
+        m = f["metrics"]
+        expected = {"round", "train_loss", "test_accuracy", "test_loss", "clients_participating",
+                    "time_train", "time_reduce", "time_server", "time_eval", "time_round"}
+        assert set(m) == expected
+        for name in expected:
+            assert m[name].shape == (4,) and m[name].maxshape == (None,)
+        assert m["round"].dtype == np.int64 and m["round"][()].tolist() == [0, 1, 2, 3]
+        acc = m["test_accuracy"][()]
+        assert np.isnan(acc[0]) and np.isnan(acc[2]) and 0 < acc[1] <= 1 and 0 < acc[3] <= 1
+        assert m["clients_participating"][()].tolist() == [4, 4, 4, 4]
+        c = f["clients"]
+        assert set(c) == {"round", "client", "steps", "weight", "train_loss"}
+        assert c["round"].shape == (16,) and c["steps"][()].tolist() == [3] * 16
+        for r in range(4):
+            w = c["weight"][()][c["round"][()] == r]
+            assert abs(w.sum() - 1) < 1e-12
+        counts = f["partition/class_counts"][()]
+        # digits: 1797 images, 25% held out for the test set -> 1347 training samples.
+        assert counts.shape == (6, 10) and counts.dtype == np.int64 and counts.sum() == 1347
+        names = [n.decode() for n in f["final/param_names"][()]]
+        assert names == ["param:body.1.weight", "param:body.1.bias", "param:fc.weight", "param:fc.bias"]
+        shapes = json.loads(f["final"].attrs["shapes"])
+        assert shapes == [[8, 64], [8], [10, 8], [10]]
+        assert f["final/params"].dtype == np.float32 and f["final/params"].shape == (8 * 64 + 8 + 10 * 8 + 10,)
+
+
+def test_reader_and_state_dict_load_the_model(finished):
+    import torch
+
+    from hpcfl import models
+
+    d, _ = finished
+    res = load(d / "out")
+    assert res.metrics["round"].tolist() == [0, 1, 2, 3]
+    cfg = config.from_dict(res.config)
+    net = models.build_model("mlp", cfg.model_options, (1, 8, 8), 10)
+    missing = net.load_state_dict(res.state_dict(), strict=True)
+    assert not missing.missing_keys
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
+    assert flat.tobytes() == res.final_params.tobytes()
+
+
+def test_progress_and_summary_are_printed(finished):
+    _, p = finished
+    assert p.stdout.count("round ") >= 4 and "final test accuracy" in p.stdout and "wall time" in p.stdout
+
+
+def test_existing_results_are_never_overwritten_without_force(finished):
+    d, _ = finished
+    before = (d / "out" / "results.h5").read_bytes()
+    p = hpcfl("run", str(d / "job.toml"), "--out", str(d / "out"))
+    assert p.returncode == 2 and "--force" in p.stderr
+    assert (d / "out" / "results.h5").read_bytes() == before
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize(
+    "override,key",
+    [("algorithm.lr=-1", "algorithm.lr"), ("data.num_clients=0", "data.num_clients"),
+     ("algorithm.name=fedmagic", "algorithm.name"), ("algorithm.clients_per_round=7", "algorithm.clients_per_round"),
+     ("run.bogus=1", "run.bogus")],
+)
+def test_config_error_exits_2_on_every_rank_printed_once(tmp_path, ranks, override, key):
+    job = tmp_path / "job.toml"
+    job.write_text(SMALL_JOB)
+    p = hpcfl("run", str(job), "--out", str(tmp_path / "o"), "--set", override, ranks=ranks, timeout=60)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.count("config error") == 1 and key in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "Abort" not in p.stderr
+    assert p.seconds < 30
+    assert not (tmp_path / "o" / "results.h5").exists()
+
+
+def test_more_ranks_than_clients_is_a_clear_error(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(SMALL_JOB)
+    p = hpcfl("run", str(job), "--out", str(tmp_path / "o"), "--set", "data.num_clients=2",
+              "--set", "algorithm.clients_per_round=0", ranks=3, timeout=60)
+    assert p.returncode == 2 and "3 MPI ranks" in p.stderr and "start at most 2 ranks" in p.stderr
+    assert p.stderr.count("config error") == 1
+
+
+def test_info_lists_ranks_devices_and_versions():
+    p = hpcfl("info", ranks=2, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "ranks: 2" in p.stdout and "rank 1:" in p.stdout and "device cpu" in p.stdout
+    assert "mpi: MPICH" in p.stdout and "torch:" in p.stdout

@@ -1,0 +1,77 @@
+"""Bitwise equivalence of runs on 1 rank and on the world's ranks (run at 2 and 3 ranks).
+
+Rank 0 first runs the job alone on COMM_SELF (the reference); then all ranks run it
+together. The final model, every metric (timings aside) and every per-client record
+must be bitwise identical, for every algorithm and for other client placements.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from runner import job, run_memory
+
+CASES = {
+    "fedavg": {},
+    "fedavg_uniform_full": {"algorithm.weights": "uniform", "algorithm.clients_per_round": 0},
+    "fedprox_momentum": {"algorithm.name": "fedprox", "algorithm.mu": 0.1, "algorithm.momentum": 0.9},
+    "scaffold": {"algorithm.name": "scaffold", "algorithm.clients_per_round": 4, "run.rounds": 4},
+    "server_momentum_epochs": {"algorithm.server_momentum": 0.5, "algorithm.server_lr": 0.8,
+                               "algorithm.local_steps": 0, "algorithm.local_epochs": 1},
+    "float64_eval_every_2": {"runtime.dtype": "float64", "run.eval_every": 2},
+    "round_robin_placement": {"runtime.placement": "round_robin", "algorithm.name": "scaffold"},
+}
+
+
+def same(a, b):
+    return all((x == y) or (isinstance(x, float) and math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_world_run_is_bitwise_identical_to_one_rank(case):
+    comm = MPI.COMM_WORLD
+    table = job(**CASES[case])
+    ref = run_memory(table, MPI.COMM_SELF) if comm.rank == 0 else None
+    comm.Barrier()
+    x, metrics, clients = run_memory(table, comm)
+    if comm.rank != 0:
+        return
+    rx, rmetrics, rclients = ref
+    assert x.tobytes() == rx.tobytes(), f"{case}: final model differs"
+    assert len(metrics) == len(rmetrics)
+    for m, r in zip(metrics, rmetrics):
+        assert m.keys() == r.keys()
+        assert same(list(m.values()), list(r.values())), f"{case}: metrics differ {m} vs {r}"
+    for c, r in zip(clients, rclients):
+        for k in r:
+            assert np.asarray(c[k]).tobytes() == np.asarray(r[k]).tobytes(), f"{case}: clients/{k} differs"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_placements_agree_with_each_other():
+    comm = MPI.COMM_WORLD
+    a = run_memory(job(**{"runtime.placement": "block"}), comm)
+    b = run_memory(job(**{"runtime.placement": "round_robin"}), comm)
+    if comm.rank == 0:
+        assert a[0].tobytes() == b[0].tobytes()
+        assert np.isfinite(a[1][-1]["test_accuracy"])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_rank_holds_the_same_final_model():
+    comm = MPI.COMM_WORLD
+    x, _, _ = run_memory(job(**{"algorithm.name": "scaffold"}), comm)
+    models = comm.allgather(x.tobytes())
+    assert all(m == models[0] for m in models)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_float_reduce_runs_and_is_close():
+    comm = MPI.COMM_WORLD
+    table = job(**{"runtime.reduce": "float", "runtime.dtype": "float64"})
+    ref = run_memory(job(**{"runtime.dtype": "float64"}), comm)
+    x, metrics, _ = run_memory(table, comm)
+    if comm.rank == 0:
+        assert np.allclose(x, ref[0], rtol=1e-9, atol=1e-12)

@@ -1,0 +1,106 @@
+"""Job-file loading: strict keys, types, ranges, presets, overrides, error messages."""
+
+import json
+
+import pytest
+
+from hpcfl import config
+from hpcfl.errors import ConfigError
+
+BASE = {
+    "run": {"rounds": 3, "seed": 1},
+    "data": {"dataset": "digits", "partition": "dirichlet", "num_clients": 20, "dirichlet": {"alpha": 0.5}},
+    "model": {"name": "mlp"},
+    "algorithm": {"name": "fedavg", "lr": 0.05, "clients_per_round": 5},
+}
+
+
+def with_(path, value, base=BASE):
+    d = json.loads(json.dumps(base))
+    node = d
+    for k in path[:-1]:
+        node = node.setdefault(k, {})
+    node[path[-1]] = value
+    return d
+
+
+def problems(table):
+    with pytest.raises(ConfigError) as info:
+        config.from_dict(table)
+    return info.value.problems
+
+
+def test_valid_job_and_presets():
+    cfg = config.from_dict(BASE)
+    assert (cfg.algorithm.local, cfg.algorithm.weights, cfg.algorithm.server, cfg.algorithm.steps) == (
+        "sgd", "size", "average", "epochs")
+    assert cfg.partition_options.alpha == 0.5
+    prox = config.from_dict(with_(["algorithm"], {"name": "fedprox", "mu": 0.01}))
+    assert prox.algorithm.local == "prox" and prox.algorithm.mu == 0.01
+    fixed = config.from_dict(with_(["algorithm", "local_steps"], 7))
+    assert fixed.algorithm.steps == "fixed"
+
+
+@pytest.mark.parametrize(
+    "path,value,key,fix",
+    [
+        (["algorithm", "lr"], -0.1, "algorithm.lr", "greater than 0"),
+        (["algorithm", "lr"], "fast", "algorithm.lr", "expected a number"),
+        (["algorithm", "name"], "fedmagic", "algorithm.name", "choose one of"),
+        (["algorithm", "clients_per_round"], 21, "algorithm.clients_per_round", "exceeds data.num_clients = 20"),
+        (["data", "num_clients"], 0, "data.num_clients", "greater than 0"),
+        (["run", "rounds"], 2.5, "run.rounds", "expected an integer"),
+        (["run", "roundz"], 3, "run.roundz", "valid keys here"),
+        (["algorithm", "momentum"], 1.0, "algorithm.momentum", "less than 1"),
+        (["runtime", "reduce"], "fast", "runtime.reduce", "'exact', 'float'"),
+        (["data", "dirichlet", "alfa"], 1.0, "data.dirichlet.alfa", "valid keys here"),
+        (["data", "cifar10"], {"x": 1}, "[data.cifar10]", "rename the table"),
+        (["data", "dataset"], "imagenet9", "data.dataset", "digits"),
+        (["model", "name"], "transformer", "model.name", "mlp"),
+        (["algorithm", "mu"], 0.1, "algorithm.mu", "local = 'prox'"),
+        (["extra"], {"a": 1}, "[extra]", "valid sections"),
+    ],
+)
+def test_bad_value_names_key_and_fix(path, value, key, fix):
+    msgs = problems(with_(path, value))
+    assert len(msgs) == 1, msgs
+    assert key in msgs[0] and fix in msgs[0], msgs[0]
+
+
+def test_all_problems_reported_at_once():
+    table = with_(["algorithm", "lr"], -1)
+    table = with_(["run", "rounds"], 0, table)
+    table = with_(["runtime", "device"], "tpu", table)
+    msgs = problems(table)
+    assert len(msgs) == 3
+    text = str(ConfigError(msgs))
+    assert "3 problems" in text and "algorithm.lr" in text and "run.rounds" in text and "runtime.device" in text
+
+
+def test_overrides_parse_toml_values_and_plain_strings():
+    t = config.apply_overrides(BASE, ["algorithm.lr=0.2", "model.mlp.hidden=[8, 4]", "data.root=/scratch/x y",
+                                      "runtime.reduce=float"])
+    assert t["algorithm"]["lr"] == 0.2
+    assert t["model"]["mlp"]["hidden"] == [8, 4]
+    assert t["data"]["root"] == "/scratch/x y"
+    assert BASE["algorithm"]["lr"] == 0.05  # the input is not modified
+    cfg = config.from_dict(t)
+    assert cfg.model_options.hidden == (8, 4) and cfg.runtime.reduce == "float"
+    with pytest.raises(ConfigError, match="section.key=value"):
+        config.apply_overrides(BASE, ["algorithm.lr"])
+
+
+def test_config_round_trips_through_json_and_digest_is_stable():
+    cfg = config.from_dict(BASE)
+    again = config.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg and again.digest() == cfg.digest()
+    assert config.from_dict(with_(["algorithm", "lr"], 0.1)).digest() != cfg.digest()
+
+
+def test_missing_and_invalid_job_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nrounds = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(bad)
