@@ -135,7 +135,8 @@ def cmd_partition(args, comm) -> int:
     t0 = time.perf_counter()
     try:
         cfg = config.load(args.job, args.overrides)
-        ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed)
+        # Labels only: the partition is the same, and no image is generated or normalised.
+        ds = data.load_labels(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed)
         parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients,
                                     cfg.partition_options, cfg.run.seed, ds)
     except HpcflError as exc:

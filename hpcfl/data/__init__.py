@@ -1,0 +1,158 @@
+"""Data layer: dataset and partition registries and the functions the engine calls.
+
+A job file names one dataset and one partition; each has its own option table::
+
+    [data]
+    dataset = "cifar10"
+    root = "/path"
+    partition = "dirichlet"
+    num_clients = 100
+    [data.cifar10]
+    augment = true
+    [data.dirichlet]
+    alpha = 0.1
+
+The engine builds options with ``options.build(dataset_options(name), table, f"data.{name}")``
+and then calls :func:`load_dataset` and :func:`make_partition`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+from . import partition as _p
+from . import partition_labels as _pl
+from .datasets import EMBEDDED, Dataset, DatasetSpec
+from .files import ON_DISK
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """Registry entry: option dataclass, ``fn(labels, num_clients, options, seed, dataset)``, doc line."""
+
+    options: type
+    fn: Callable[..., list]
+    doc: str
+
+
+DATASETS: dict[str, DatasetSpec] = {**ON_DISK, **EMBEDDED}
+
+PARTITIONS: dict[str, PartitionSpec] = {
+    "iid": PartitionSpec(_p.IidOptions, _p.iid, "uniformly random equal split"),
+    "dirichlet": PartitionSpec(
+        _p.DirichletOptions, _p.dirichlet, "class-wise Dirichlet (NIID-Bench noniid-labeldir, FedNova, FedDisco NIID-1)"
+    ),
+    "dirichlet_client": PartitionSpec(
+        _p.DirichletClientOptions, _p.dirichlet_client, "per-client Dirichlet label mix, equal sizes (Hsu et al.)"
+    ),
+    "quantity_skew": PartitionSpec(
+        _p.QuantitySkewOptions, _p.quantity_skew, "iid labels, Dirichlet client sizes (NIID-Bench)"
+    ),
+    "longtail": PartitionSpec(
+        _p.LongtailOptions, _p.longtail, "FedDisco globally imbalanced (long-tailed) training set, then NIID-1"
+    ),
+    "label_k": PartitionSpec(
+        _pl.LabelKOptions, _pl.label_k, "every client exactly k classes (FedGSNR Label 2, FedLGA)"
+    ),
+    "shards": PartitionSpec(_pl.ShardsOptions, _pl.shards, "McMahan sort-by-label shards"),
+    "biased_unbiased": PartitionSpec(
+        _pl.BiasedUnbiasedOptions, _pl.biased_unbiased, "FedDisco NIID-2: biased clients plus unbiased ones"
+    ),
+    "nonbalance": PartitionSpec(
+        _pl.NonBalanceOptions, _pl.nonbalance, "FedGSNR NonBalance: abundant/medium/less clients"
+    ),
+    "pareto": PartitionSpec(_pl.ParetoOptions, _pl.pareto, "FedGSNR Pareto class counts (80/20)"),
+    "natural": PartitionSpec(_p.NaturalOptions, _p.natural, "the dataset's own clients (synthetic)"),
+}
+
+
+def _lookup(registry: dict, name, key: str):
+    if name not in registry:
+        valid = ", ".join(sorted(registry))
+        raise ConfigError(f"{key} = {name!r} is not known; choose one of {valid}")
+    return registry[name]
+
+
+def dataset_options(name: str) -> type:
+    """Option dataclass of dataset ``name`` (ConfigError naming ``data.dataset`` if unknown)."""
+    return _lookup(DATASETS, name, "data.dataset").options
+
+
+def partition_options(name: str) -> type:
+    """Option dataclass of partition ``name`` (ConfigError naming ``data.partition`` if unknown)."""
+    return _lookup(PARTITIONS, name, "data.partition").options
+
+
+def load_dataset(name: str, options, root: str | None, seed: int) -> Dataset:
+    """Load dataset ``name``; ``options`` None means all defaults."""
+    spec = _lookup(DATASETS, name, "data.dataset")
+    return spec.load(options if options is not None else spec.options(), root, int(seed))
+
+
+def load_labels(name: str, options, root: str | None, seed: int) -> Dataset:
+    """A Dataset with the true training labels (and natural clients) for previews.
+
+    Where the dataset has a cheaper path (``synthetic_images``: no noise is drawn, so the
+    50k CIFAR-shaped set takes milliseconds instead of seconds), the inputs are zero-stride
+    placeholders and the test split may be empty; elsewhere this is :func:`load_dataset`.
+    Partitions computed from it equal those from the full dataset. Not for training.
+    """
+    spec = _lookup(DATASETS, name, "data.dataset")
+    load = spec.labels or spec.load
+    return load(options if options is not None else spec.options(), root, int(seed))
+
+
+def _check_labels(labels) -> np.ndarray:
+    y = np.asarray(labels)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"training labels must be a 1-D integer array, got {y.dtype} with shape {y.shape}")
+    if y.size and y.min() < 0:
+        raise DataError(f"training labels must be non-negative, found {int(y.min())}")
+    return y.astype(np.int64, copy=False)
+
+
+def make_partition(name: str, labels, num_clients: int, options, seed: int, dataset: Dataset | None = None):
+    """Split the training set over ``num_clients`` clients.
+
+    Returns a list of ``num_clients`` int64 index arrays into the training set, each
+    sorted ascending. Pure in (labels, num_clients, options, seed[, dataset]).
+    """
+    spec = _lookup(PARTITIONS, name, "data.partition")
+    y = _check_labels(labels)
+    k = int(num_clients)
+    if k < 1:
+        raise ConfigError(f"data.num_clients = {num_clients} must be at least 1")
+    if k > len(y) and name != "natural":
+        raise ConfigError(f"data.num_clients = {k} exceeds the {len(y)} training samples; "
+                          f"use at most {len(y)} clients")
+    opts = options if options is not None else spec.options()
+    parts = spec.fn(y, k, opts, int(seed), dataset)
+    if len(parts) != k:  # a bug, not a user error
+        raise AssertionError(f"partition {name} returned {len(parts)} clients, expected {k}")
+    return [np.asarray(p, dtype=np.int64) for p in parts]
+
+
+def class_counts(labels, parts, num_classes: int) -> np.ndarray:
+    """(clients, classes) int64 matrix of label counts per client."""
+    y = np.asarray(labels, dtype=np.int64)
+    k = len(parts)
+    sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=k)
+    if sizes.sum() == 0:
+        return np.zeros((k, num_classes), dtype=np.int64)
+    idx = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+    lab = y[idx]
+    if lab.min() < 0 or lab.max() >= num_classes:
+        raise DataError(f"labels must lie in 0..{num_classes - 1}, found {int(lab.min())}..{int(lab.max())}")
+    owner = np.repeat(np.arange(k, dtype=np.int64), sizes)
+    flat = np.bincount(owner * num_classes + lab, minlength=k * num_classes)
+    return flat[: k * num_classes].reshape(k, num_classes).astype(np.int64)
+
+
+__all__ = [
+    "DATASETS", "PARTITIONS", "Dataset", "DatasetSpec", "PartitionSpec", "class_counts",
+    "dataset_options", "load_dataset", "load_labels", "make_partition", "partition_options",
+]

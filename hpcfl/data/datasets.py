@@ -1,0 +1,325 @@
+"""The dataset container and the datasets that need no files.
+
+Every dataset here is a pure function of its options and the run seed:
+
+* ``synthetic``: Synthetic(alpha, beta) of FedProx/LEAF (fednova.md §7.3), with natural clients.
+* ``gaussian_mixture``: the GMM-10 set of fedgsnr.md §8 / Appendix P.
+* ``digits``: scikit-learn's bundled 8x8 digits (no download).
+* ``synthetic_images``: the CIFAR-shaped workload of bench/W.md, bit-exact for seed 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, DataError
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train and test arrays, ready for the engine.
+
+    ``x_*`` are float32 and already normalised; ``y_*`` are int64. When ``augment`` is
+    true the engine applies :func:`hpcfl.data.augment.augment_batch` to every training
+    batch. ``natural_clients`` holds per-client index arrays into the training set for
+    datasets that come with their own clients (Synthetic).
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    input_shape: tuple[int, ...]
+    augment: bool = False
+    natural_clients: tuple[np.ndarray, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Registry entry: option dataclass, loader ``load(options, root, seed)`` and a doc line.
+
+    ``labels``, when set, is a cheaper loader with the same signature for previews: it
+    returns the true training labels but placeholder inputs (see ``hpcfl.data.load_labels``).
+    """
+
+    options: type
+    load: Callable[..., Dataset]
+    doc: str
+    labels: Callable[..., Dataset] | None = None
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """For components that take no options."""
+
+
+# ---------------------------------------------------------------- synthetic (FedProx)
+
+
+@dataclass(frozen=True)
+class SyntheticOptions:
+    alpha: float = field(default=1.0, metadata={"ge": 0})
+    beta: float = field(default=1.0, metadata={"ge": 0})
+    num_clients: int = field(default=30, metadata={"gt": 0, "le": 100000})
+    iid: bool = False
+
+
+_SYN_DIM = 60
+_SYN_CLASSES = 10
+
+
+def load_synthetic(opts: SyntheticOptions, root: str | None, seed: int) -> Dataset:
+    """Synthetic(alpha, beta) exactly as FedProx's ``generate_synthetic.py``.
+
+    The draws are made in FedProx's order with a local legacy ``RandomState(seed)`` (the
+    original used the global legacy generator). The original shuffled each client with
+    Python's unseeded ``random.shuffle``; here the same ``RandomState`` permutes each client
+    after generation. Each client is split 90/10 (``int(0.9 n)`` train); the test set is
+    the union of the client test parts.
+    """
+    rs = np.random.RandomState(seed)
+    k = opts.num_clients
+    sizes = rs.lognormal(4, 2, k).astype(int) + 50
+    mean_w = rs.normal(0, opts.alpha, k)
+    mean_b = mean_w
+    b_prior = rs.normal(0, opts.beta, k)
+    diagonal = np.power(np.arange(1, _SYN_DIM + 1, dtype=np.float64), -1.2)
+    cov_x = np.diag(diagonal)
+    mean_x = np.zeros((k, _SYN_DIM))
+    for i in range(k):
+        if opts.iid:
+            mean_x[i] = np.ones(_SYN_DIM) * b_prior[i]
+        else:
+            mean_x[i] = rs.normal(b_prior[i], 1, _SYN_DIM)
+    if opts.iid:
+        w_global = rs.normal(0, 1, (_SYN_DIM, _SYN_CLASSES))
+        b_global = rs.normal(0, 1, _SYN_CLASSES)
+    xs, ys = [], []
+    for i in range(k):
+        w = rs.normal(mean_w[i], 1, (_SYN_DIM, _SYN_CLASSES))
+        b = rs.normal(mean_b[i], 1, _SYN_CLASSES)
+        if opts.iid:
+            w, b = w_global, b_global
+        xx = rs.multivariate_normal(mean_x[i], cov_x, sizes[i])
+        yy = np.argmax(xx @ w + b, axis=1)  # argmax(softmax(z)) == argmax(z)
+        xs.append(xx)
+        ys.append(yy)
+    xtr, ytr, xte, yte, clients = [], [], [], [], []
+    offset = 0
+    for i in range(k):
+        perm = rs.permutation(sizes[i])
+        n_tr = int(0.9 * sizes[i])
+        xtr.append(xs[i][perm[:n_tr]])
+        ytr.append(ys[i][perm[:n_tr]])
+        xte.append(xs[i][perm[n_tr:]])
+        yte.append(ys[i][perm[n_tr:]])
+        clients.append(np.arange(offset, offset + n_tr, dtype=np.int64))
+        offset += n_tr
+    return Dataset(
+        name="synthetic",
+        x_train=np.concatenate(xtr).astype(np.float32),
+        y_train=np.concatenate(ytr).astype(np.int64),
+        x_test=np.concatenate(xte).astype(np.float32),
+        y_test=np.concatenate(yte).astype(np.int64),
+        num_classes=_SYN_CLASSES,
+        input_shape=(_SYN_DIM,),
+        natural_clients=tuple(clients),
+    )
+
+
+# ---------------------------------------------------------------- GMM-10 (fedgsnr §8)
+
+
+@dataclass(frozen=True)
+class GaussianMixtureOptions:
+    num_train: int = field(default=20000, metadata={"gt": 0})
+    num_test: int = field(default=5000, metadata={"gt": 0})
+    num_classes: int = field(default=10, metadata={"ge": 2})
+    dim: int = field(default=20, metadata={"gt": 0})
+    modes: int = field(default=6, metadata={"gt": 0})
+    sep: float = field(default=0.8, metadata={"ge": 0})
+    noise: float = field(default=1.0, metadata={"ge": 0})
+    seed_offset: int = 0
+
+
+def load_gaussian_mixture(opts: GaussianMixtureOptions, root: str | None, seed: int) -> Dataset:
+    """GMM-10 of fedgsnr.md Appendix P (``make_mixture``), drawn from ``default_rng(seed + seed_offset)``.
+
+    Mode centres ~ N(0, sep^2 I) with shape (classes, modes, dim); a sample is
+    centre[y, mode] + noise * N(0, I), y and mode uniform; train is drawn before test.
+    """
+    rng = np.random.default_rng(seed + opts.seed_offset)
+    c, m, d = opts.num_classes, opts.modes, opts.dim
+    centers = rng.normal(0, opts.sep, size=(c, m, d))
+
+    def gen(n):
+        y = rng.integers(0, c, size=n)
+        mode = rng.integers(0, m, size=n)
+        return centers[y, mode] + opts.noise * rng.normal(size=(n, d)), y
+
+    (xtr, ytr), (xte, yte) = gen(opts.num_train), gen(opts.num_test)
+    return Dataset(
+        name="gaussian_mixture",
+        x_train=xtr.astype(np.float32),
+        y_train=ytr.astype(np.int64),
+        x_test=xte.astype(np.float32),
+        y_test=yte.astype(np.int64),
+        num_classes=c,
+        input_shape=(d,),
+    )
+
+
+# ---------------------------------------------------------------- sklearn digits
+
+
+@dataclass(frozen=True)
+class DigitsOptions:
+    test_fraction: float = field(default=0.25, metadata={"gt": 0, "lt": 1})
+    test_per_class: int | None = field(default=None, metadata={"gt": 0})
+    normalize: bool = True
+
+
+def load_digits_dataset(opts: DigitsOptions, root: str | None, seed: int) -> Dataset:
+    """scikit-learn's bundled 8x8 digits (1797 images), pixels scaled by 1/16 to [0, 1].
+
+    The test split is stratified and seeded: ``test_fraction`` of every class, or exactly
+    ``test_per_class`` images of every class when that is set (FedDisco §6.5 holds out 50).
+    With ``normalize`` the single channel is standardised with the training split's mean and std.
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (bunch.data.astype(np.float64) / 16.0).reshape(-1, 1, 8, 8)
+    y = bunch.target.astype(np.int64)
+    rng = np.random.default_rng(seed)
+    test = []
+    for c in range(10):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        if opts.test_per_class is not None:
+            n_te = opts.test_per_class
+        else:
+            n_te = int(round(opts.test_fraction * len(idx)))
+        if not 0 < n_te < len(idx):
+            raise ConfigError(
+                f"data.digits: class {c} has {len(idx)} images, cannot hold out {n_te}; "
+                "lower data.digits.test_per_class or data.digits.test_fraction"
+            )
+        test.append(idx[:n_te])
+    is_test = np.zeros(len(y), dtype=bool)
+    is_test[np.concatenate(test)] = True
+    xtr, xte = x[~is_test], x[is_test]
+    if opts.normalize:
+        mean, std = xtr.mean(), xtr.std()
+        xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    return Dataset(
+        name="digits",
+        x_train=xtr.astype(np.float32),
+        y_train=y[~is_test],
+        x_test=xte.astype(np.float32),
+        y_test=y[is_test],
+        num_classes=10,
+        input_shape=(1, 8, 8),
+    )
+
+
+# ---------------------------------------------------------------- CIFAR-shaped (W.md)
+
+
+@dataclass(frozen=True)
+class SyntheticImagesOptions:
+    num_train: int = field(default=50000, metadata={"gt": 0})
+    num_test: int = field(default=10000, metadata={"gt": 0})
+    num_classes: int = field(default=10, metadata={"ge": 2})
+    image_shape: tuple[int, ...] = field(default=(3, 32, 32), metadata={"gt": 0})
+    mean_scale: float = field(default=1.5, metadata={"ge": 0})
+    seed_offset: int = 0
+    augment: bool = False
+
+
+_CHUNK = 4096  # rows of noise drawn at a time; the stream is identical to one big draw
+
+
+def _class_images(rng, means, n, num_classes, scale):
+    y = rng.integers(0, num_classes, size=n)
+    x = means[y]
+    x *= scale
+    for lo in range(0, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        x[lo:hi] += rng.standard_normal((hi - lo, *means.shape[1:]), dtype=np.float32)
+    return x, y.astype(np.int64)
+
+
+def load_synthetic_images(opts: SyntheticImagesOptions, root: str | None, seed: int) -> Dataset:
+    """Workload W of bench/W.md: class mean images plus unit Gaussian noise.
+
+    One ``default_rng(seed + seed_offset)`` draws, in order: the means (classes, *shape),
+    train labels, train noise, test labels, test noise. With the defaults and seed 0 the
+    arrays are bit-identical to W.md's (tests check the SHA-256 prefixes). The noise is
+    drawn in chunks to bound memory; numpy's stream makes that identical to one draw.
+    """
+    rng = np.random.default_rng(seed + opts.seed_offset)
+    shape = tuple(opts.image_shape)
+    means = rng.standard_normal((opts.num_classes, *shape), dtype=np.float32)
+    scale = np.float32(opts.mean_scale)
+    xtr, ytr = _class_images(rng, means, opts.num_train, opts.num_classes, scale)
+    xte, yte = _class_images(rng, means, opts.num_test, opts.num_classes, scale)
+    return Dataset(
+        name="synthetic_images",
+        x_train=xtr,
+        y_train=ytr,
+        x_test=xte,
+        y_test=yte,
+        num_classes=opts.num_classes,
+        input_shape=shape,
+        augment=opts.augment,
+    )
+
+
+def load_synthetic_images_labels(opts: SyntheticImagesOptions, root: str | None, seed: int) -> Dataset:
+    """Training labels of :func:`load_synthetic_images` without drawing any noise.
+
+    The labels are the second draw, right after the means, so they are exact. Inputs are
+    zero-stride placeholders and the test split is empty (its labels follow the train noise).
+    """
+    rng = np.random.default_rng(seed + opts.seed_offset)
+    shape = tuple(opts.image_shape)
+    rng.standard_normal((opts.num_classes, *shape), dtype=np.float32)
+    y = rng.integers(0, opts.num_classes, size=opts.num_train).astype(np.int64)
+    return Dataset(
+        name="synthetic_images",
+        x_train=np.broadcast_to(np.float32(0), (opts.num_train, *shape)),
+        y_train=y,
+        x_test=np.broadcast_to(np.float32(0), (0, *shape)),
+        y_test=np.zeros(0, dtype=np.int64),
+        num_classes=opts.num_classes,
+        input_shape=shape,
+        augment=opts.augment,
+    )
+
+
+def check_arrays(name: str, x: np.ndarray, y: np.ndarray, what: str) -> None:
+    """Raise DataError unless x has one row per label and labels are non-negative."""
+    if x.shape[0] != y.shape[0]:
+        raise DataError(f"{name}: {what} has {x.shape[0]} inputs but {y.shape[0]} labels")
+    if y.size and y.min() < 0:
+        raise DataError(f"{name}: {what} has a negative label ({int(y.min())})")
+
+
+EMBEDDED = {
+    "synthetic": DatasetSpec(
+        SyntheticOptions, load_synthetic, "Synthetic(alpha, beta) of FedProx/LEAF, 60 features, natural clients"
+    ),
+    "gaussian_mixture": DatasetSpec(
+        GaussianMixtureOptions, load_gaussian_mixture, "GMM-10 of FedGSNR: 10 classes x 6 modes in 20 dimensions"
+    ),
+    "digits": DatasetSpec(DigitsOptions, load_digits_dataset, "scikit-learn 8x8 digits, 1797 images, no download"),
+    "synthetic_images": DatasetSpec(
+        SyntheticImagesOptions, load_synthetic_images, "CIFAR-shaped class-mean images plus noise (bench W)",
+        load_synthetic_images_labels,
+    ),
+}
