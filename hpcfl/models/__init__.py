@@ -1,0 +1,185 @@
+"""Model zoo: the registry the engine builds models from.
+
+>>> opts = options.build(model_options("vgg11"), {"dropout": 0.0}, "model")
+>>> torch.manual_seed(0)
+>>> net = build_model("vgg11", opts, (3, 32, 32), 10)   # logits (B, 10)
+
+Conventions shared by every model:
+
+- Input (B, *input_shape), output logits (B, num_classes). Fully connected models flatten
+  any shape; convolutional models need (C, H, W) and say which sizes fit.
+- ``model.features(x)`` returns the penultimate representation (B, model.feature_dim);
+  ``forward = model.fc(model.features(x))``.
+- Initialisation draws only from torch's global RNG, so ``torch.manual_seed`` right
+  before :func:`build_model` fixes every parameter.
+- No BatchNorm unless ``norm = "batch"`` is chosen; then the only buffers are the float
+  running mean and variance (no integer ``num_batches_tracked``).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import ConfigError
+from . import cnn, quadratic, rnn, resnet, simple, vgg
+from ._common import any_shape
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registered model.
+
+    Attributes
+    ----------
+    options : type
+        Frozen options dataclass; every field has a default.
+    build : callable (options, input_shape, num_classes) -> nn.Module
+        Checks the input shape (ConfigError naming ``model.name``) and builds.
+    doc : str
+        One line, citing the spec section the architecture comes from.
+    fits : callable (options, input_shape) -> str or None
+        None when the input shape fits, else the reason (used for error messages).
+    """
+
+    options: type
+    build: Callable[..., torch.nn.Module]
+    doc: str
+    fits: Callable[..., str | None] = any_shape
+
+
+def _register(name: str, options: type, raw_build: Callable, doc: str, fits=any_shape) -> ModelSpec:
+    """Wrap ``raw_build`` so that a misfit shape raises ConfigError before any init."""
+
+    def build(opts, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+        input_shape = _check_args(name, options, opts, input_shape, num_classes)
+        reason = fits(opts, input_shape)
+        if reason:
+            fitting = ", ".join(models_fitting(input_shape)) or "(none)"
+            raise ConfigError(
+                f"model.name = {name!r} does not fit input shape {input_shape}: it {reason}. "
+                f"Models that fit {input_shape}: {fitting}"
+            )
+        return raw_build(opts, input_shape, num_classes)
+
+    return ModelSpec(options=options, build=build, doc=doc, fits=fits)
+
+
+def _check_args(name, options, opts, input_shape, num_classes) -> tuple[int, ...]:
+    """Programming errors in the engine's call, not user config: raise TypeError/ValueError."""
+    if type(opts) is not options:  # exact: Vgg16Options subclasses Vgg11Options
+        raise TypeError(f"{name} needs {options.__name__} options, got {type(opts).__name__}")
+    try:  # operator.index accepts numpy integers but never rounds a float
+        shape = tuple(operator.index(s) for s in input_shape)
+    except TypeError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ValueError(f"input_shape must be positive ints, no batch dim; got {input_shape}")
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    return shape
+
+
+_LENET_DOC = "Conv6-Conv16 (5x5) + FC 120-84; 62,006 params on CIFAR-10"
+
+MODELS: dict[str, ModelSpec] = {
+    "logreg": _register(
+        "logreg", simple.LogRegOptions, simple.build_logreg,
+        "Multinomial logistic regression on the flattened input (fednova.md §7.3).",
+    ),
+    "mlp": _register(
+        "mlp", simple.MlpOptions, simple.build_mlp,
+        "MLP on the flattened input; init: feddisco.md §6.5, fedgsnr.md §8, fedlga.md §2.12.",
+    ),
+    "fedlga_mlp": _register(
+        "fedlga_mlp", simple.FedlgaMlpOptions, simple.build_mlp,
+        "FedLGA FMNIST MLP 784-400-10 with ReLU (fedlga.md §Models); mlp with hidden=[400].",
+    ),
+    "lenet5": _register(
+        "lenet5", cnn.LeNet5Options, cnn.build_lenet5,
+        f"LeNet-5, {_LENET_DOC} (fedgsnr.md §5, gift.md §4.3).", cnn.fits,
+    ),
+    "simple_cnn": _register(
+        "simple_cnn", cnn.LeNet5Options, cnn.build_lenet5,
+        f"FedDisco/MOON simple CNN = LeNet-5 layout, {_LENET_DOC} (feddisco.md §4.2).", cnn.fits,
+    ),
+    "vgg11": _register(
+        "vgg11", vgg.Vgg11Options, vgg.build_vgg11,
+        "VGG-11 config A without BN, FC 512-512 head; 9,750,922 params (fednova.md §7.4).",
+        vgg.fits,
+    ),
+    "vgg16": _register(
+        "vgg16", vgg.Vgg16Options, vgg.build_vgg16,
+        "VGG-16 config D without BN by default, FC head (fedgsnr.md §5; gift.md §4.3 with BN).",
+        vgg.fits,
+    ),
+    "resnet18": _register(
+        "resnet18", resnet.ResNet18Options, resnet.build_resnet18,
+        "CIFAR ResNet-18 with GroupNorm(2) by default (feddisco.md §4.2; fedlga.md §Models).",
+        resnet.fits,
+    ),
+    "kws_lstm": _register(
+        "kws_lstm", rnn.KwsLstmOptions, rnn.build_kws_lstm,
+        "2-layer LSTM(64) + FC for keyword spotting; 61,066 params on 40 features (gift.md §5.1).",
+        rnn.fits,
+    ),
+    "quadratic": _register(
+        "quadratic", quadratic.QuadraticModelOptions, quadratic.build_quadratic,
+        "FedNova's quadratic objective 1/2||x - e_i||^2 (fednova.md §7.1); use with data.dataset = quadratic.",
+        quadratic.fits_quadratic,
+    ),
+}  # fmt: skip
+
+
+def models_fitting(input_shape: tuple[int, ...]) -> list[str]:
+    """Names of the models whose default options accept ``input_shape``."""
+    shape = tuple(input_shape)
+    return [n for n, spec in MODELS.items() if spec.fits(spec.options(), shape) is None]
+
+
+def model_options(name: str) -> type:
+    """Options dataclass of model ``name``.
+
+    Raises
+    ------
+    ConfigError
+        Unknown name; the message names ``model.name`` and lists the valid names.
+    """
+    if name not in MODELS:
+        valid = ", ".join(MODELS)
+        raise ConfigError(f"model.name = {name!r} is not a known model; choose one of {valid}")
+    return MODELS[name].options
+
+
+def build_model(
+    name: str, options, input_shape: tuple[int, ...], num_classes: int
+) -> torch.nn.Module:
+    """Build model ``name``; seed torch's global RNG first for a reproducible init.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`MODELS`.
+    options : instance of ``model_options(name)``
+    input_shape : tuple of int
+        One sample's shape without the batch dim, e.g. (3, 32, 32), (60,), (1, 8, 8).
+    num_classes : int
+
+    Returns
+    -------
+    torch.nn.Module
+        Maps (B, *input_shape) to logits (B, num_classes).
+
+    Raises
+    ------
+    ConfigError
+        Unknown name, or a model that does not fit ``input_shape``.
+    """
+    model_options(name)
+    return MODELS[name].build(options, input_shape, num_classes)
+
+
+__all__ = ["MODELS", "ModelSpec", "build_model", "model_options", "models_fitting"]

@@ -1,0 +1,77 @@
+"""LeNet-5 style convolutional network (``lenet5`` and ``simple_cnn``).
+
+Both names build the same architecture; the papers describe it separately:
+
+- fedgsnr.md §5 and gift.md §4.3 (LeNet-5, CIFAR variant, 62,006 parameters);
+- feddisco.md §4.2 ("Simple CNN" of FedDisco/MOON; 1 input channel for Fashion-MNIST).
+
+Layers, for an input (C, H, W), no padding anywhere::
+
+    Conv(C, 6, 5) -> ReLU -> MaxPool(2) -> Conv(6, 16, 5) -> ReLU -> MaxPool(2)
+    -> Flatten(16 * h * w) -> FC 120 -> ReLU -> FC 84 -> ReLU -> FC num_classes
+
+with h = ((H - 4) // 2 - 4) // 2, i.e. 5 for H = 32 (flatten 400) and 4 for H = 28
+(flatten 256). Any H, W >= 16 gives h, w >= 1. Initialisation: torch defaults (no paper
+specifies one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ._common import ZooModel, image_at_least
+
+#: Smallest H or W for which the second pooling still leaves a 1x1 map:
+#: ((16 - 4) // 2 - 4) // 2 = 1.
+MIN_SIDE = 16
+fits = image_at_least(MIN_SIDE)
+
+
+@dataclass(frozen=True)
+class LeNet5Options:
+    """LeNet-5 has no options: the papers fix the architecture."""
+
+
+def _side_after_convs(side: int) -> int:
+    """Spatial size after conv5 -> pool2 -> conv5 -> pool2 (floor pooling, no padding)."""
+    return ((side - 4) // 2 - 4) // 2
+
+
+class LeNet5(ZooModel):
+    """LeNet-5 / FedDisco simple CNN.
+
+    Parameters
+    ----------
+    input_shape : (C, H, W) with H, W >= 16
+    num_classes : int
+
+    Notes
+    -----
+    ``features`` is the 84-d output of the second FC layer after ReLU, the
+    representation MOON uses (feddisco.md §4.2; no projection head).
+    """
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
+        super().__init__()
+        channels, height, width = input_shape
+        flat = 16 * _side_after_convs(height) * _side_after_convs(width)
+        self.conv = nn.Sequential(
+            nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(1),
+        )  # fmt: skip
+        self.mlp = nn.Sequential(nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
+        self.feature_dim = 84
+        self.fc = nn.Linear(84, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, 84)."""
+        return self.mlp(self.conv(x))
+
+
+def build_lenet5(opts: LeNet5Options, input_shape: tuple[int, ...], num_classes: int) -> LeNet5:
+    """Build LeNet-5 for a (C, H, W) input; the registry has checked the shape."""
+    return LeNet5(input_shape, num_classes)

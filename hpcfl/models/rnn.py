@@ -1,0 +1,63 @@
+"""Recurrent classifier for sequences of feature frames (``kws_lstm``).
+
+gift.md §5.1 (keyword spotting on Speech Commands): "LSTM, 2 recurrent layers with a
+hidden size of 64"; gift.md §5.1 [PROPOSED]: 40 MFCC / log-mel features per frame, the
+last hidden state -> Linear(64, 10). With 40 input features and 10 classes that is
+61,066 parameters (gift.md §4.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ._common import ZooModel
+
+
+@dataclass(frozen=True)
+class KwsLstmOptions:
+    """Options of ``kws_lstm``.
+
+    hidden : LSTM hidden size (64 per gift.md).
+    layers : stacked LSTM layers (2 per gift.md).
+    """
+
+    hidden: int = field(default=64, metadata={"gt": 0})
+    layers: int = field(default=2, metadata={"gt": 0})
+
+
+def fits(opts, input_shape: tuple[int, ...]) -> str | None:
+    """Accept (T, F) sequences: T frames of F features each."""
+    if len(input_shape) == 2:
+        return None
+    return "needs a sequence shape (T, F): T frames of F features"
+
+
+class KwsLstm(ZooModel):
+    """Stacked LSTM over time; the top layer's last output feeds a linear layer.
+
+    Parameters
+    ----------
+    input_shape : (T, F)
+    num_classes : int
+    opts : KwsLstmOptions
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, opts: KwsLstmOptions):
+        super().__init__()
+        n_features = input_shape[1]
+        self.lstm = nn.LSTM(n_features, opts.hidden, num_layers=opts.layers, batch_first=True)
+        self.feature_dim = opts.hidden
+        self.fc = nn.Linear(opts.hidden, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) -> (B, hidden): top-layer output after the last frame (= h_T)."""
+        out, _ = self.lstm(x)
+        return out[:, -1]
+
+
+def build_kws_lstm(opts: KwsLstmOptions, input_shape: tuple[int, ...], num_classes: int) -> KwsLstm:
+    """Build the KWS LSTM; the registry has checked the shape."""
+    return KwsLstm(input_shape, num_classes, opts)

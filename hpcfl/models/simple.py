@@ -1,0 +1,131 @@
+"""Fully connected models on flattened inputs: logistic regression and MLPs.
+
+Any input shape is accepted; a sample of shape ``input_shape`` is flattened to
+``prod(input_shape)`` features, so an MLP fed (B, 1, 8, 8) digits sees (B, 64).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ._common import ZooModel, flat_size, normal_fan_in_
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+# "default": torch's nn.Linear init (Kaiming-uniform with a=sqrt(5); uniform bias).
+# "he_normal": every layer W ~ N(0, 2/fan_in), b = 0 (feddisco.md §6.5 "He-normal init").
+# "he_lecun": hidden layers W ~ N(0, 2/fan_in), output layer W ~ N(0, 1/fan_in), b = 0
+#   (fedgsnr.md §8 "W1 ~ N(0, 2/D), W2 ~ N(0, 1/H), zero biases"; fedlga_sanity_sim.py).
+MLP_INITS = ("default", "he_normal", "he_lecun")
+
+
+@dataclass(frozen=True)
+class LogRegOptions:
+    """Options of ``logreg``.
+
+    init : "default" keeps torch's nn.Linear init; "zeros" starts at W = 0, b = 0 (the
+        problem is convex, so a zero start is common; it ignores the seed).
+    """
+
+    init: str = field(default="default", metadata={"choices": ("default", "zeros")})
+
+
+class LogReg(ZooModel):
+    """Multinomial logistic regression: logits = flatten(x) W^T + b.
+
+    Parameters
+    ----------
+    in_features : int
+    num_classes : int
+    """
+
+    def __init__(self, in_features: int, num_classes: int):
+        super().__init__()
+        self.feature_dim = in_features
+        self.fc = nn.Linear(in_features, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, *input_shape) -> (B, in_features): the flattened input."""
+        return x.flatten(1)
+
+
+def build_logreg(opts: LogRegOptions, input_shape: tuple[int, ...], num_classes: int) -> LogReg:
+    """fednova.md §7.3: softmax regression, W in R^{60x10} for Synthetic(1,1)."""
+    model = LogReg(flat_size(input_shape), num_classes)
+    if opts.init == "zeros":
+        nn.init.zeros_(model.fc.weight)
+        nn.init.zeros_(model.fc.bias)
+    return model
+
+
+@dataclass(frozen=True)
+class MlpOptions:
+    """Options of ``mlp``.
+
+    hidden : widths of the hidden layers, input side first; () gives logistic regression.
+    activation : nonlinearity after every hidden layer.
+    init : see ``MLP_INITS`` above. The paper MLPs are all expressible here:
+        feddisco.md §6.5 "MLP 64 -> 32 (ReLU) -> 10, He-normal" is hidden=[32],
+        init="he_normal"; fedgsnr.md §8 "MLP 20 -> 64 -> 10" and fedlga.md §2.12
+        "MLP 32-64-10" are hidden=[64], init="he_lecun".
+    """
+
+    hidden: tuple[int, ...] = field(default=(200,), metadata={"gt": 0})
+    activation: str = field(default="relu", metadata={"choices": tuple(ACTIVATIONS)})
+    init: str = field(default="default", metadata={"choices": MLP_INITS})
+
+
+@dataclass(frozen=True)
+class FedlgaMlpOptions(MlpOptions):
+    """Options of ``fedlga_mlp``: ``mlp`` with fedlga.md §Models' 400 hidden units."""
+
+    hidden: tuple[int, ...] = field(default=(400,), metadata={"gt": 0})
+
+
+class Mlp(ZooModel):
+    """Flatten -> [Linear -> act] * len(hidden) -> Linear.
+
+    Parameters
+    ----------
+    in_features : int
+    hidden : tuple of int
+    num_classes : int
+    activation : {"relu", "tanh"}
+    """
+
+    def __init__(
+        self, in_features: int, hidden: tuple[int, ...], num_classes: int, activation: str
+    ):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten(1)]
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, h), ACTIVATIONS[activation]()]
+            width = h
+        self.body = nn.Sequential(*layers)
+        self.feature_dim = width
+        self.fc = nn.Linear(width, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, *input_shape) -> (B, hidden[-1]), or the flattened input if no hidden layer."""
+        return self.body(x)
+
+    def init_weights(self, scheme: str) -> None:
+        """Re-draw the weights per ``scheme`` (one of ``MLP_INITS``)."""
+        if scheme == "default":
+            return
+        hidden_layers = [m for m in self.body if isinstance(m, nn.Linear)]
+        for layer in hidden_layers:
+            normal_fan_in_(layer, gain=2.0)
+        # The output layer feeds softmax, not ReLU, so "he_lecun" drops the ReLU factor 2.
+        normal_fan_in_(self.fc, gain=2.0 if scheme == "he_normal" else 1.0)
+
+
+def build_mlp(opts: MlpOptions, input_shape: tuple[int, ...], num_classes: int) -> Mlp:
+    """Build an MLP over ``prod(input_shape)`` features."""
+    model = Mlp(flat_size(input_shape), opts.hidden, num_classes, opts.activation)
+    model.init_weights(opts.init)
+    return model
