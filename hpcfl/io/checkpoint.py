@@ -1,0 +1,435 @@
+"""Checkpoint store: one self-verifying HDF5 file per checkpoint, ``<dir>/ckpt-<round:08d>.h5``.
+
+A checkpoint counts only once it is complete and verified (as in LLNL SCR), and its
+final name appears only after all of its bytes are on disk (as PyTorch DCP renames
+its metadata into place last). :meth:`CheckpointStore.save`
+
+1. writes ``<dir>/.ckpt-<round:08d>.h5.tmp-<pid>`` (same directory: the rename
+   never crosses a filesystem), flushes HDF5, calls ``os.fsync`` on it, closes it;
+2. renames it with ``os.replace`` to ``ckpt-<round:08d>.h5`` (atomic), fsyncs the directory
+   so that the new name survives a crash too;
+3. reads the file back and recomputes its checksum;
+4. only then deletes checkpoints beyond the newest ``keep`` valid ones.
+
+A process killed at any moment leaves the previous checkpoints plus at most one
+stray temporary file (ignored when loading, removed by ``clean_temp()``), or the
+new complete checkpoint. A failed write (disk full, quota) removes its temporary
+file, touches nothing else and raises :class:`~hpcfl.errors.HpcflError`.
+
+Layout::
+
+    /               attrs  format_version (int, 1)    round (int, completed rounds)
+                           world_size (int)           config_sha256 (str)
+                           versions (JSON str)        created (ISO 8601, UTC)
+                           payload_sha256 (str)       meta (JSON str, small scalars)
+                           further manifest keys (each a JSON str)
+    /arrays/<name>  one dataset per array, dtype and shape as saved (bool, int, uint,
+                    float, complex; object, string, void and datetime are refused)
+
+``payload_sha256`` is SHA-256 over the arrays in sorted-name order, hashing for each
+the UTF-8 line ``json.dumps([name, dtype.str, list(shape)]) + "\\n"`` followed by its
+raw C-order bytes: a renamed, retyped or reshaped dataset fails like a flipped bit.
+Files are read through h5py datasets only; nothing is ever unpickled.
+
+File locking
+------------
+HDF5 locks files on open, and on filesystems without lock support (Lustre mounted
+without ``flock``, many NFS setups) the open fails with ``unable to lock file``.
+Call ``configure_locking(False)`` before the first save or load there: it sets
+``HDF5_USE_FILE_LOCKING=FALSE`` (read by HDF5 on every open in this process) and
+passes ``locking=False`` to ``h5py.File`` where h5py has that argument.
+``configure_locking(True)`` removes the variable again. Locking adds no safety
+here: one rank writes, and readers open only files renamed into place complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpcfl.errors import HpcflError
+
+FORMAT_VERSION = 1
+_CALLER_KEYS = ("world_size", "config_sha256", "versions")
+_STORE_KEYS = ("format_version", "round", "created", "payload_sha256", "meta")
+_ALLOWED_KINDS = "biufc"  # bool, int, uint, float, complex: plain numeric HDF5 types
+_FINAL_RE = re.compile(r"^ckpt-(\d{8,})\.h5$")
+_TEMP_GLOB = ".ckpt-*.tmp-*"
+_locking_disabled = False
+
+
+def configure_locking(enabled: bool) -> None:
+    """Turn HDF5 file locking off (``False``) or back to the HDF5 default (``True``).
+
+    See "File locking" in the module docstring.
+    """
+    global _locking_disabled
+    _locking_disabled = not enabled
+    if enabled:
+        os.environ.pop("HDF5_USE_FILE_LOCKING", None)
+    else:
+        os.environ["HDF5_USE_FILE_LOCKING"] = "FALSE"
+
+
+def _open_h5(path: Path, mode: str) -> h5py.File:
+    """The one place checkpoint files are opened, so the locking choice applies to all."""
+    if _locking_disabled:
+        try:
+            return h5py.File(path, mode, locking=False)
+        except (TypeError, ValueError):
+            # h5py < 3.5 (no argument) or HDF5 < 1.10.7 (ValueError): the environment
+            # variable set by configure_locking turns locking off all the same.
+            pass
+    return h5py.File(path, mode)
+
+
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        # Some network filesystems refuse fsync on a directory; the rename is then as
+        # durable as that filesystem makes it, and nothing more can be done.
+        if not (directory and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _hash_update(h, name: str, arr: np.ndarray) -> None:
+    h.update((json.dumps([name, arr.dtype.str, list(arr.shape)]) + "\n").encode())
+    # Hash the buffer itself, not tobytes(): no second copy of a large model.
+    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+
+
+def payload_sha256(arrays: dict) -> str:
+    """SHA-256 hex digest of ``arrays`` in the canonical order (see the module docstring)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        _hash_update(h, name, np.asarray(arrays[name]))
+    return h.hexdigest()
+
+
+def _to_json(value) -> str:
+    def default(o):
+        if isinstance(o, np.generic):  # numpy scalars end up in meta all the time
+            return o.item()
+        raise TypeError(f"{type(o).__name__} is not JSON serialisable; store arrays in `arrays`, not meta/manifest")
+
+    return json.dumps(value, default=default, sort_keys=True)
+
+
+def _check_inputs(round, arrays, manifest) -> dict:
+    if isinstance(round, bool) or not isinstance(round, (int, np.integer)) or round < 0:
+        raise ValueError(f"round must be an integer >= 0 (the number of completed rounds), found {round!r}")
+    missing = [k for k in _CALLER_KEYS if k not in manifest]
+    if missing:
+        raise ValueError(f"manifest is missing {missing}: pass world_size, config_sha256 and versions")
+    clash = sorted(set(_STORE_KEYS) & set(manifest))
+    if clash:
+        raise ValueError(f"manifest keys {clash} are set by the checkpoint store; leave them out")
+    out = {}
+    for name, a in arrays.items():
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name:
+            raise ValueError(f"array name {name!r} is not allowed: use a non-empty string without '/'")
+        a = np.asarray(a)
+        if a.dtype.kind not in _ALLOWED_KINDS:
+            raise TypeError(f"array {name!r} has dtype {a.dtype}: checkpoints hold bool/int/uint/float/complex "
+                            f"arrays only and never pickle objects")
+        out[name] = a
+    return out
+
+
+class _Invalid(Exception):
+    """A checkpoint file to skip; the message is the reason."""
+
+
+@dataclass
+class Loaded:
+    """A verified checkpoint, as returned by :meth:`CheckpointStore.load_latest`.
+
+    Attributes
+    ----------
+    round : int
+        Completed rounds.
+    arrays : dict of str to np.ndarray
+        Bitwise equal to what was saved (0-d arrays come back as 0-d arrays).
+    meta : dict
+    manifest : dict
+        All root attributes except ``meta``, JSON values decoded.
+    path : Path
+    skipped : list of (Path, str)
+        Newer files that failed to load, newest first, with the reason.
+    """
+
+    round: int
+    arrays: dict
+    meta: dict
+    manifest: dict
+    path: Path
+    skipped: list = field(default_factory=list)
+
+
+class CheckpointStore:
+    """A directory of round checkpoints with atomic writes, verification and rotation.
+
+    Parameters
+    ----------
+    directory : str or Path
+        Created if missing. Only one process (global rank 0) may save into it.
+    keep : int
+        How many of the newest valid checkpoints survive each save; at least 2, so a
+        checkpoint found damaged later always has a verified predecessor.
+    """
+
+    def __init__(self, directory, keep: int = 3):
+        if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or keep < 2:
+            raise ValueError(f"keep must be an integer >= 2, found {keep!r}: with 1, a damaged newest "
+                             f"checkpoint would leave nothing to restart from")
+        self.directory = Path(directory)
+        self.keep = int(keep)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        # path -> (inode, size, mtime_ns) when this store last verified it, so that a
+        # save need not re-read all kept checkpoints to count the valid ones.
+        self._verified: dict = {}
+        self.last_skipped: list = []  # the skipped files of the last load_latest()
+
+    def path_for(self, round: int) -> Path:
+        return self.directory / f"ckpt-{int(round):08d}.h5"
+
+    def list(self):
+        """``[(round, path)]`` of all ``ckpt-*.h5`` files, newest first, not verified."""
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _FINAL_RE.match(p.name))]
+        return sorted(found, key=lambda rp: rp[0], reverse=True)
+
+    def clean_temp(self):
+        """Delete the temporary files of interrupted saves and return their paths.
+
+        Call it only while no save into this directory runs (e.g. at start-up).
+        """
+        removed = []
+        for p in self.directory.glob(_TEMP_GLOB):
+            p.unlink(missing_ok=True)
+            removed.append(p)
+        return removed
+
+    # ------------------------------------------------------------------ save
+    def save(self, round: int, arrays: dict, meta: dict | None = None, manifest: dict | None = None) -> Path:
+        """Write, verify, then rotate in the checkpoint taken after ``round`` completed rounds.
+
+        Parameters
+        ----------
+        round : int
+            Completed rounds (>= 0); names the file.
+        arrays : dict of str to np.ndarray
+            Numeric arrays of any shapes; names without ``/``.
+        meta : dict, optional
+            Small JSON-serialisable values (simulated clock, counters).
+        manifest : dict
+            ``world_size``, ``config_sha256``, ``versions`` and any further
+            JSON-serialisable keys; the store sets those in ``_STORE_KEYS``.
+
+        Returns
+        -------
+        Path
+            The final file.
+
+        Raises
+        ------
+        TypeError or ValueError
+            A non-numeric array (nothing is pickled), a bad round, name or manifest.
+        HpcflError
+            The write failed (disk full, quota, I/O) or did not verify; older
+            checkpoints are untouched and no temporary file is left.
+        """
+        manifest = dict(manifest or {})
+        arrays = _check_inputs(round, arrays, manifest)
+        round = int(round)
+        digest = payload_sha256(arrays)
+        attrs = {
+            "format_version": FORMAT_VERSION,
+            "round": round,
+            "world_size": int(manifest.pop("world_size")),
+            "config_sha256": str(manifest.pop("config_sha256")),
+            "versions": _to_json(manifest.pop("versions")),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "payload_sha256": digest,
+            "meta": _to_json(dict(meta or {})),
+            **{k: _to_json(v) for k, v in manifest.items()},
+        }
+        final = self.path_for(round)
+        tmp = self.directory / f".ckpt-{round:08d}.h5.tmp-{os.getpid()}"
+        try:
+            self._write(tmp, arrays, attrs)
+            os.replace(tmp, final)
+            _fsync_path(self.directory, directory=True)
+        except BaseException as e:
+            # Whatever went wrong, a half-written file must not stay behind and eat the
+            # space that the next attempt needs.
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError):
+                raise HpcflError(self._write_error(round, e, sum(a.nbytes for a in arrays.values()))) from e
+            raise
+        try:
+            loaded = self._read(final, keep_arrays=False)
+            if loaded.manifest["payload_sha256"] != digest:
+                raise _Invalid("the stored payload_sha256 is not the one computed before writing")
+        except _Invalid as e:
+            # The write "succeeded" but the file does not hold what was written (a silent
+            # I/O error): delete it so that no restart ever trusts it.
+            final.unlink(missing_ok=True)
+            raise HpcflError(f"checkpoint {final} failed verification right after writing ({e}); it was "
+                             f"deleted and older checkpoints kept. Check {self.directory} for I/O errors.") from None
+        self._remember(final)
+        self._rotate(final)
+        return final
+
+    def _write(self, tmp: Path, arrays: dict, attrs: dict) -> None:
+        f = _open_h5(tmp, "w")
+        try:
+            f.attrs.update(attrs)
+            g = f.create_group("arrays")
+            for name in sorted(arrays):
+                g.create_dataset(name, data=arrays[name])
+            f.flush()
+            fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor
+            os.fsync(fd)
+        except BaseException:
+            # After a failed write HDF5 cannot close cleanly either (it tries to extend
+            # the file again) and raises RuntimeError; the write error is the one to
+            # report. A second try makes sure the descriptor is released.
+            for _ in range(2):
+                with contextlib.suppress(Exception):
+                    f.close()
+                    break
+            raise
+        try:
+            f.close()
+        except Exception as e:  # HDF5 reports close failures as RuntimeError
+            raise OSError(f"closing the HDF5 file failed: {e}") from e
+        # Closing may still write HDF5 bookkeeping (end-of-file address, free space);
+        # one more fsync puts that on disk too, and costs nothing when nothing is dirty.
+        _fsync_path(tmp)
+
+    def _write_error(self, round: int, e: OSError, nbytes: int) -> str:
+        if e.errno:
+            what = f"{os.strerror(e.errno)} ({errno.errorcode.get(e.errno, 'errno ' + str(e.errno))})"
+        else:  # HDF5 errors may come without errno; the C errno text is in the message
+            what = str(e) or type(e).__name__
+        try:
+            free = f"; {shutil.disk_usage(self.directory).free / 1e6:,.1f} MB are free there now"
+        except OSError:
+            free = ""
+        return (f"cannot write the checkpoint of round {round} to {self.directory}: {what}. It needs about "
+                f"{nbytes / 1e6:,.1f} MB ({nbytes:,} bytes) plus a little HDF5 metadata{free}. Free space "
+                f"(or quota) there, lower the number of checkpoints kept, or set the checkpoint directory "
+                f"to a filesystem with room. Previous checkpoints were left untouched.")
+
+    def _rotate(self, newest: Path) -> None:
+        valid = 0
+        for _, path in self.list():
+            if valid >= self.keep and path != newest:
+                path.unlink(missing_ok=True)  # beyond the newest `keep` valid ones
+                self._verified.pop(path, None)
+            elif path == newest or self._is_valid(path):
+                valid += 1
+            # A damaged file inside the window stays for inspection until the window
+            # moves past it; it never counts towards `keep`.
+
+    def _remember(self, path: Path) -> None:
+        st = path.stat()
+        self._verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _is_valid(self, path: Path) -> bool:
+        try:
+            st = path.stat()
+            if self._verified.get(path) == (st.st_ino, st.st_size, st.st_mtime_ns):
+                return True
+            self._read(path, keep_arrays=False)
+        except (_Invalid, OSError):
+            return False
+        self._remember(path)
+        return True
+
+    # ------------------------------------------------------------------ load
+    def load_latest(self) -> Loaded | None:
+        """The newest checkpoint that opens, has a version-1 manifest and matches its checksum.
+
+        Damaged files are skipped and listed in ``Loaded.skipped`` (and in
+        ``self.last_skipped``, also when nothing loads). Temporary files are ignored.
+
+        Returns
+        -------
+        Loaded or None
+            None when the directory holds no valid checkpoint.
+        """
+        self.last_skipped = skipped = []
+        for _, path in self.list():
+            try:
+                loaded = self._read(path, keep_arrays=True)
+            except _Invalid as e:
+                skipped.append((path, str(e)))
+                continue
+            loaded.skipped = skipped[:]
+            self._remember(path)  # the first save after a restart need not re-read it
+            return loaded
+        return None
+
+    def _read(self, path: Path, keep_arrays: bool) -> Loaded:
+        """Open, check and hash one file; raise :class:`_Invalid` with the reason to skip it."""
+        try:
+            with _open_h5(path, "r") as f:
+                return self._read_open(f, path, keep_arrays)
+        except (_Invalid, MemoryError):
+            raise  # a file too big for this node's memory is not a damaged file
+        except Exception as e:  # mostly OSError, but a damaged file can make h5py raise anything
+            kind = "truncated" if "truncat" in str(e).lower() else "unreadable"
+            raise _Invalid(f"{kind}: {type(e).__name__}: {e}") from None
+
+    @staticmethod
+    def _read_open(f: h5py.File, path: Path, keep_arrays: bool) -> Loaded:
+        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
+        missing = [k for k in _STORE_KEYS + _CALLER_KEYS if k not in attrs]
+        if missing:
+            raise _Invalid(f"missing manifest: no root attribute(s) {missing}")
+        if attrs["format_version"] != FORMAT_VERSION:
+            raise _Invalid(f"format_version {attrs['format_version']!r}, this hpcfl reads {FORMAT_VERSION}")
+        m = _FINAL_RE.match(path.name)
+        if m and int(m.group(1)) != attrs["round"]:
+            raise _Invalid(f"the file name says round {int(m.group(1))}, the manifest round {attrs['round']}")
+        g = f.get("arrays")
+        if not isinstance(g, h5py.Group):
+            raise _Invalid("no /arrays group")
+        h, arrays = hashlib.sha256(), {}
+        for name in sorted(g):
+            ds = g[name]
+            # Check the type before reading: h5py returns Python objects for string
+            # and variable-length types, which no checkpoint contains.
+            if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in _ALLOWED_KINDS:
+                raise _Invalid(f"/arrays/{name} is not a numeric dataset")
+            arr = np.asarray(ds[()])  # a 0-d dataset reads as a numpy scalar
+            _hash_update(h, name, arr)
+            if keep_arrays:
+                arrays[name] = arr
+        stored, computed = attrs["payload_sha256"], h.hexdigest()
+        if computed != stored:
+            raise _Invalid(f"checksum mismatch: payload_sha256 {str(stored)[:12]}... stored, "
+                           f"{computed[:12]}... computed")
+        try:
+            meta = json.loads(attrs.pop("meta"))
+            for k in set(attrs) - set(_STORE_KEYS) - {"world_size", "config_sha256"}:
+                attrs[k] = json.loads(attrs[k])  # versions and the further manifest keys
+        except (TypeError, ValueError) as e:
+            raise _Invalid(f"manifest JSON unreadable: {e}") from None
+        return Loaded(round=int(attrs["round"]), arrays=arrays, meta=meta, manifest=attrs, path=path)
