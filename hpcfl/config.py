@@ -22,16 +22,18 @@ from pathlib import Path
 from .errors import ConfigError
 from .options import build
 
-LOCAL_SOLVERS = ("sgd", "prox", "scaffold")
-STEPS_POLICIES = ("epochs", "fixed")
+LOCAL_SOLVERS = ("sgd", "prox", "scaffold", "vr")
+STEPS_POLICIES = ("epochs", "fixed", "random_epochs", "client_steps")
 WEIGHTS_POLICIES = ("size", "uniform")
-SERVER_RULES = ("average",)
+SERVER_RULES = ("average", "nova")
+SAMPLING = ("uniform", "with_replacement", "unbiased")
 
 # Paper algorithms as presets over the four policy slots (ARCHITECTURE section 2).
 PRESETS = {
     "fedavg": {"local": "sgd", "weights": "size", "server": "average"},
     "fedprox": {"local": "prox", "weights": "size", "server": "average"},
     "scaffold": {"local": "scaffold", "weights": "size", "server": "average"},
+    "fednova": {"local": "sgd", "weights": "size", "server": "nova"},
     "custom": {},
 }
 
@@ -42,6 +44,7 @@ class RunSection:
     seed: int = field(default=0, metadata={"ge": 0})
     rounds: int = field(default=10, metadata={"gt": 0})
     eval_every: int = field(default=1, metadata={"ge": 0})  # 0: evaluate after the last round only
+    eval_train: bool = False  # also evaluate the global model on the whole training set (F(x) = sum p_i F_i)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class AlgorithmSection:
     weights: str | None = field(default=None, metadata={"choices": WEIGHTS_POLICIES})
     server: str | None = field(default=None, metadata={"choices": SERVER_RULES})
     clients_per_round: int = field(default=0, metadata={"ge": 0})  # 0: all clients
+    sampling: str = field(default="uniform", metadata={"choices": SAMPLING})
     lr: float = field(default=0.05, metadata={"gt": 0})
     momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     weight_decay: float = field(default=0.0, metadata={"ge": 0})
@@ -74,9 +78,19 @@ class AlgorithmSection:
     local_steps: int = field(default=0, metadata={"ge": 0})
     server_lr: float = field(default=1.0, metadata={"gt": 0})
     server_momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    lr_schedule: str = field(default="constant", metadata={"choices": ("constant", "step")})
+    lr_milestones: tuple[float, ...] = field(default=(0.5, 0.75), metadata={"gt": 0, "lt": 1})
+    lr_gamma: float = field(default=0.1, metadata={"gt": 0, "le": 1})
+    local_lr_decay: float = field(default=1.0, metadata={"gt": 0, "le": 1})
 
     def validate(self) -> list[str]:
         p = []
+        if self.local == "vr" and (self.clients_per_round != 0 or self.sampling != "uniform"):
+            p.append("algorithm.local = 'vr' (FedNova variance reduction) needs full participation: "
+                     "set algorithm.clients_per_round = 0")
+        if self.sampling != "uniform" and self.clients_per_round == 0:
+            p.append(f"algorithm.sampling = {self.sampling!r} needs partial participation; set "
+                     f"algorithm.clients_per_round")
         if self.local == "prox" and self.mu == 0:
             p.append("algorithm.local = 'prox' needs algorithm.mu > 0 (FedProx's proximal weight)")
         if self.local != "prox" and self.mu > 0:
@@ -111,15 +125,23 @@ class Config:
     dataset_options: object
     partition_options: object
     model_options: object
+    steps_options: object = None     # [algorithm.<steps>] for policies with options
+    server_options: object = None    # [algorithm.<server>] for rules with options
+    system: object = None            # hpcfl.system.SystemOptions
+    job_dir: str | None = None       # where relative paths (system.trace) resolve; not part of the job
 
     def to_dict(self) -> dict:
         """A JSON-ready dict that round-trips through :func:`from_dict`."""
         d = {}
-        for name in ("run", "data", "model", "algorithm", "runtime"):
+        for name in ("run", "data", "model", "algorithm", "runtime", "system"):
             d[name] = dataclasses.asdict(getattr(self, name))
         d["data"][self.data.dataset] = dataclasses.asdict(self.dataset_options)
         d["data"][self.data.partition] = dataclasses.asdict(self.partition_options)
         d["model"][self.model.name] = dataclasses.asdict(self.model_options)
+        if self.steps_options is not None:
+            d["algorithm"][self.algorithm.steps] = dataclasses.asdict(self.steps_options)
+        if self.server_options is not None:
+            d["algorithm"][self.algorithm.server] = dataclasses.asdict(self.server_options)
         return _drop_none(d)
 
     def to_json(self) -> str:
@@ -219,7 +241,7 @@ def from_dict(table: dict) -> Config:
     data = build(DataSection, data_plain, "data", problems)
     model_plain, model_subs = _split(t.get("model"), ModelSection, "model", problems)
     model = build(ModelSection, model_plain, "model", problems)
-    alg_table = dict(t.get("algorithm") or {})
+    alg_table, alg_subs = _split(t.get("algorithm"), AlgorithmSection, "algorithm", problems)
     preset = alg_table.get("name", "fedavg")
     for slot, value in PRESETS.get(preset, {}).items():
         alg_table.setdefault(slot, value)
@@ -229,6 +251,25 @@ def from_dict(table: dict) -> Config:
     alg_table.setdefault("steps", "fixed" if alg_table.get("local_steps") else "epochs")
     algorithm = build(AlgorithmSection, alg_table, "algorithm", problems)
     runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
+    from .system import SystemOptions
+
+    system = build(SystemOptions, t.get("system"), "system", problems)
+    steps_options = server_options = None
+    if algorithm is not None:
+        from .algorithms.policies import STEPS_OPTIONS
+        from .algorithms.server import NovaOptions
+
+        with_options = {algorithm.steps: STEPS_OPTIONS.get(algorithm.steps),
+                        algorithm.server: NovaOptions if algorithm.server == "nova" else None}
+        for name in alg_subs:
+            if with_options.get(name) is None:
+                problems.append(f"[algorithm.{name}] is given but no chosen policy of that name takes options "
+                                f"(steps = {algorithm.steps!r}, server = {algorithm.server!r}); rename or drop it")
+        if STEPS_OPTIONS.get(algorithm.steps):
+            steps_options = build(STEPS_OPTIONS[algorithm.steps], alg_subs.get(algorithm.steps),
+                                  f"algorithm.{algorithm.steps}", problems)
+        if algorithm.server == "nova":
+            server_options = build(NovaOptions, alg_subs.get("nova"), "algorithm.nova", problems)
 
     dataset_options = partition_options = model_options = None
     if data is not None:
@@ -252,9 +293,11 @@ def from_dict(table: dict) -> Config:
         )
     if problems:
         raise ConfigError(problems)
-    return Config(run, data, model, algorithm, runtime, dataset_options, partition_options, model_options)
+    return Config(run, data, model, algorithm, runtime, dataset_options, partition_options, model_options,
+                  steps_options, server_options, system)
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a job file, apply ``--set`` overrides and validate."""
-    return from_dict(apply_overrides(read_job(path), overrides or []))
+    cfg = from_dict(apply_overrides(read_job(path), overrides or []))
+    return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent))

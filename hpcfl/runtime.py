@@ -28,10 +28,15 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 
 def pick_threads(configured: int, ranks_on_node: int) -> int:
-    """Torch intra-op threads: configured, else cores on the node / ranks on the node."""
+    """Torch intra-op threads: configured, else cores on the node / ranks on the node.
+
+    Capped by the cores this process may run on: under ``srun --cpus-per-task=c`` with
+    binding, a rank sees only its c cores (``os.cpu_count`` would report the whole node).
+    """
     if configured:
         return configured
-    return max(1, (os.cpu_count() or 1) // max(1, ranks_on_node))
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(usable, (os.cpu_count() or 1) // max(1, ranks_on_node)))
 
 
 def versions() -> dict:

@@ -37,6 +37,29 @@ def sample_cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> np.n
     return np.sort(gen.choice(num_clients, size=per_round, replace=False)).astype(np.int64)
 
 
+def cohort_and_weights(cfg, rnd: int, all_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The round's cohort (sorted, unique) and each member's aggregation weight.
+
+    ``all_weights`` (N,) are the weights policy's w_i for every client. Sampling modes
+    (fednova.md 3.4): "uniform" takes q clients without replacement and keeps w_i (the
+    server renormalises by their sum, Alg. 1); "with_replacement" draws q clients with
+    probability p_i = w_i / sum w and weights each draw 1/q (a client drawn k times gets
+    k/q); "unbiased" samples uniformly without replacement with weight p_i N / q (the
+    server does not renormalise).
+    """
+    a, n = cfg.algorithm, len(all_weights)
+    q = a.clients_per_round
+    if a.sampling == "with_replacement":
+        gen = rng.numpy_rng(cfg.run.seed, rng.COHORT, rnd)
+        draws = gen.choice(n, size=q, replace=True, p=all_weights / all_weights.sum())
+        cohort, counts = np.unique(draws, return_counts=True)
+        return cohort.astype(np.int64), counts / q
+    cohort = sample_cohort(cfg.run.seed, rnd, n, q)
+    if a.sampling == "unbiased":
+        return cohort, all_weights[cohort] / all_weights.sum() * n / q
+    return cohort, all_weights[cohort]
+
+
 @dataclass
 class Setup:
     """Everything one rank needs for the loop (built by :func:`prepare`)."""
@@ -57,6 +80,7 @@ class Setup:
     x_test: torch.Tensor
     y_test: torch.Tensor
     threads: int
+    system: object = None  # hpcfl.system.SystemModel when [system] enabled
 
 
 def prepare(cfg, comm) -> Setup:
@@ -97,25 +121,38 @@ def prepare(cfg, comm) -> Setup:
         from .data.augment import augment_batch
         augment = augment_batch
     trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
-    algo = Algorithm(cfg.algorithm, model.length, model.num_params, mine.size, device, dtype)
+    algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype)
+    system = None
+    if cfg.system is not None and cfg.system.enabled:
+        from .system import SystemModel
+        nbytes = model.length * model.flat.element_size()
+        up = nbytes * (2 if cfg.algorithm.local in ("scaffold",) else 1)   # SCAFFOLD also sends Delta c
+        down = nbytes * (2 if cfg.algorithm.local in ("scaffold", "vr") else 1)  # and receives c / hbar
+        system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=up,
+                             download_bytes=down, base_dir=cfg.job_dir)
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads)
+                 torch.from_numpy(ds.y_test).to(device=device), threads, system)
 
 
-def evaluate(s: Setup) -> tuple[float, float]:
-    """(accuracy, mean loss) of the current model on the test set; valid on rank 0."""
-    n = s.x_test.shape[0]
+def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """(accuracy, mean loss) of the current model on (x, y); valid on rank 0.
+
+    Chunks of ``eval_batch_size`` samples are dealt to ranks round-robin; their counts
+    and loss sums are reduced exactly, so the result does not depend on the rank count.
+    """
+    n = x.shape[0]
     bs = s.cfg.runtime.eval_batch_size
     chunks = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
     acc = ExactSum(3)
-    for row in evaluate_chunks(s.model, s.x_test, s.y_test, chunks[s.comm.rank :: s.comm.size]):
+    for row in evaluate_chunks(s.model, x, y, chunks[s.comm.rank :: s.comm.size]):
         acc.add(row)
     tot = acc.reduce(s.comm, total=len(chunks), root=0)
     if tot is None:
         return float("nan"), float("nan")
-    return tot[0] / tot[2], tot[1] / tot[2]
+    has_accuracy = getattr(s.model.module, "loss", None) is None
+    return (tot[0] / tot[2] if has_accuracy else float("nan")), tot[1] / tot[2]
 
 
 def run(s: Setup, on_round=None) -> np.ndarray:
@@ -124,66 +161,100 @@ def run(s: Setup, on_round=None) -> np.ndarray:
     ``on_round(metrics, clients)`` is called on rank 0 after each round.
     """
     cfg, comm, algo = s.cfg, s.comm, s.algo
-    seed, N = cfg.run.seed, cfg.data.num_clients
+    seed, N, B = cfg.run.seed, cfg.data.num_clients, cfg.algorithm.batch_size
     x = s.model.numpy()                          # global model; authoritative on rank 0
     comm.Bcast(x, root=0)
     extra = algo.broadcast_extra()
     acc = make_sum(cfg.runtime.reduce, algo.layout.length)   # buffers kept across rounds
+    all_weights = algo.weights(-1, np.arange(N), s.sizes)
+    train_eval = _train_eval_set(s) if cfg.run.eval_train else None
+    sim_time = 0.0
     for rnd in range(cfg.run.rounds):
         t0 = time.perf_counter()
-        cohort = sample_cohort(seed, rnd, N, cfg.algorithm.clients_per_round)
-        sizes = s.sizes[cohort]
-        steps = algo.steps(rnd, cohort, sizes)
-        weights = algo.weights(rnd, cohort, sizes)
+        # 1-2. cohort, weights, steps, and what the simulated clients' systems allow
+        cohort, weights = cohort_and_weights(cfg, rnd, all_weights)
+        steps = algo.steps(rnd, cohort, s.sizes[cohort])
+        plan = s.system.plan(rnd, cohort, steps, B) if s.system is not None else None
+        if plan is not None:
+            steps = plan.steps
+            sim_time += plan.duration_s
+        lr = algo.begin_round(rnd, cfg.run.rounds)
 
+        # 3-4. local training of this rank's cohort clients, one contribution row each
         x0 = torch.from_numpy(x).to(s.device)
         acc.reset()
         records = []
-        for j in np.flatnonzero(s.owner[cohort] == comm.rank):
+        for j in np.flatnonzero((s.owner[cohort] == comm.rank) & (steps > 0)):
             cid, slot = int(cohort[j]), int(s.slot[cohort[j]])
             gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, rnd, cid)
-            torch.manual_seed(rng.torch_seed(seed, rng.CLIENT_TRAIN, rnd, cid))  # dropout and the like
+            rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, rnd, cid))  # dropout and the like
             idx = s.client_index[s.client_offset[slot] : s.client_offset[slot + 1]]
-            res = s.trainer.train(x0, idx, int(steps[j]), algo.solver, gen, algo.correction(slot))
+            res = s.trainer.train(x0, idx, int(steps[j]), algo.solver, gen, algo.correction(slot), lr)
             acc.add(algo.contribution(slot, res, float(weights[j])))
-            records.append((rnd, cid, int(steps[j]), float(weights[j]), res.loss))
+            records.append((cid, res.loss, res.anorm))
         t1 = time.perf_counter()
 
+        # 5. one exact reduction of all contributions
         sums = acc.reduce(comm, total=len(cohort), root=0)
         gathered = comm.gather(records, root=0)
         t2 = time.perf_counter()
 
+        # 6. server update on rank 0, broadcast of the model (and server state)
+        diag = {}
         if comm.rank == 0:
-            x = algo.server_step(x, sums, N)
+            x, diag = algo.server_step(x, sums, N)
         comm.Bcast(x, root=0)
-        if extra is not None:  # server state every rank needs (SCAFFOLD's c)
+        if extra is not None:           # SCAFFOLD's c, VR's hbar
             host = extra.cpu().numpy()  # a view when extra is on the CPU
             comm.Bcast(host, root=0)
             if extra.device.type != "cpu":
                 extra.copy_(torch.from_numpy(host))
         t3 = time.perf_counter()
 
-        last = rnd == cfg.run.rounds - 1
+        # 7. evaluation (test chunks split over ranks), then rank 0 records the round
         every = cfg.run.eval_every
-        test_acc = test_loss = float("nan")
-        if last or (every and (rnd + 1) % every == 0):
+        test_acc = test_loss = train_acc = train_loss = float("nan")
+        if rnd == cfg.run.rounds - 1 or (every and (rnd + 1) % every == 0):
             s.model.load(x)
-            test_acc, test_loss = evaluate(s)
+            test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
+            if train_eval is not None:
+                train_acc, train_loss = evaluate(s, *train_eval)
         t4 = time.perf_counter()
 
         if comm.rank == 0:
-            seg = algo.layout.split(sums)["scalars"]
-            rows = sorted(r for part in gathered for r in part)
-            total_w = seg[0]
-            clients = {
-                "round": [r[0] for r in rows], "client": [r[1] for r in rows], "steps": [r[2] for r in rows],
-                "weight": [r[3] / total_w for r in rows], "train_loss": [r[4] for r in rows],
-            }
-            metrics = {
-                "round": rnd, "train_loss": seg[3] / total_w, "test_accuracy": test_acc, "test_loss": test_loss,
-                "clients_participating": len(cohort), "time_train": t1 - t0, "time_reduce": t2 - t1,
-                "time_server": t3 - t2, "time_eval": t4 - t3, "time_round": t4 - t0,
-            }
+            metrics, clients = _round_records(algo, sums, gathered, cohort, weights, steps, plan, rnd, lr, diag)
+            metrics.update(test_accuracy=test_acc, test_loss=test_loss, global_train_accuracy=train_acc,
+                           global_train_loss=train_loss, sim_time=sim_time, time_train=t1 - t0,
+                           time_reduce=t2 - t1, time_server=t3 - t2, time_eval=t4 - t3, time_round=t4 - t0)
             if on_round is not None:
                 on_round(metrics, clients)
     return x
+
+
+def _train_eval_set(s: Setup) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples held by clients, for F(x) = sum_i p_i F_i(x) with p_i = n_i / n."""
+    idx = torch.from_numpy(np.sort(np.concatenate(s.parts)).astype(np.int64)).to(s.device)
+    return s.trainer.x[idx], s.trainer.y[idx]
+
+
+def _round_records(algo, sums, gathered, cohort, weights, steps, plan, rnd, lr, diag):
+    """Round metrics (without test and timing fields) and per-client rows, on rank 0."""
+    from .algorithms import SCALARS
+
+    sc = dict(zip(SCALARS, algo.layout.split(sums)["scalars"]))
+    trained = {cid: (loss, anorm) for part in gathered for cid, loss, anorm in part}
+    total_w = sc["weight"]
+    k = len(cohort)
+    clients = {
+        "round": np.full(k, rnd), "client": cohort, "steps": steps,
+        "weight": np.array([weights[j] / total_w if c in trained else 0.0 for j, c in enumerate(cohort)]),
+        "train_loss": np.array([trained.get(c, (np.nan, 0.0))[0] for c in cohort]),
+        "anorm": np.array([trained.get(c, (np.nan, 0.0))[1] for c in cohort]),
+        "sim_time": plan.total_s if plan is not None else np.zeros(k),
+        "dropped": plan.reason if plan is not None else np.zeros(k),
+    }
+    metrics = {
+        "round": rnd, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
+        "clients_participating": len(trained), "lr": lr, "tau_eff": diag.get("tau_eff", float("nan")),
+    }
+    return metrics, clients

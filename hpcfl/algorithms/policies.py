@@ -1,25 +1,37 @@
 """Steps and weights policies: how many local steps tau_i and which weight p_i.
 
-Each policy is a pure function of (round, cohort ids, cohort sample counts), so every
-rank computes the same decisions for the whole cohort.
+Each policy is a pure function of (seed, round, client, n_i): every rank computes the
+same decisions for the whole cohort, and a client's draw never depends on which other
+clients are asked together (keys per client, see :mod:`hpcfl.rng`).
+
+Policies with options take them from ``[algorithm.<policy name>]``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
+
+from .. import rng
+
+
+def _epoch_batches(sizes: np.ndarray, batch_size: int) -> np.ndarray:
+    """ceil(n_i / B): mini-batches in one epoch, including a partial last batch."""
+    return -(-sizes.astype(np.int64) // batch_size)
 
 
 class EpochSteps:
     """tau_i = E * ceil(n_i / B): E full epochs including the partial last batch.
 
-    This is FedNova's [CODE] convention (fednova.md 3.8, A2); FedAvg's "E local epochs".
+    FedNova's [CODE] convention (fednova.md 3.8, A2); FedAvg's "E local epochs".
     """
 
     def __init__(self, epochs: int, batch_size: int):
         self.epochs, self.batch_size = epochs, batch_size
 
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        return self.epochs * -(-sizes.astype(np.int64) // self.batch_size)
+        return self.epochs * _epoch_batches(sizes, self.batch_size)
 
 
 class FixedSteps:
@@ -32,6 +44,82 @@ class FixedSteps:
         return np.full(len(clients), self.steps, dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class RandomEpochsOptions:
+    """E_i(t) uniform on the integers low..high (inclusive), fresh per client and round."""
+
+    low: int = field(default=2, metadata={"ge": 1})
+    high: int = field(default=5, metadata={"ge": 1})
+
+    def validate(self):
+        return [] if self.low <= self.high else [f"low = {self.low} exceeds high = {self.high}"]
+
+
+class RandomEpochSteps:
+    """tau_i(t) = E_i(t) * ceil(n_i / B), E_i(t) ~ U{low..high} (fednova.md 4.2, A1).
+
+    The CIFAR setting E ~ U(2,5) and the synthetic E ~ U(1,5) of the FedNova paper. The
+    draw is keyed by (seed, round, client), never by rank or list position.
+    """
+
+    def __init__(self, opts: RandomEpochsOptions, batch_size: int, seed: int):
+        self.opts, self.batch_size, self.seed = opts, batch_size, seed
+
+    def epochs(self, rnd: int, clients: np.ndarray) -> np.ndarray:
+        return np.array([rng.numpy_rng(self.seed, rng.STEPS, rnd, c).integers(self.opts.low, self.opts.high + 1)
+                         for c in clients], dtype=np.int64)
+
+    def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        return self.epochs(rnd, clients) * _epoch_batches(sizes, self.batch_size)
+
+
+@dataclass(frozen=True)
+class ClientStepsOptions:
+    """Per-client step counts: an explicit list, or a distribution.
+
+    ``steps = [2, 8]`` gives client i the count ``steps[i mod len]``. Otherwise
+    ``dist = "uniform"`` draws integers low..high, ``dist = "normal"`` draws
+    round(N(mean, std)) clipped to [low, high] (FedNova's quadratic experiment:
+    mean 30, std 20, in [1, 96], fednova.md 7.1). ``per_round = false`` draws once per
+    client (fixed heterogeneous tau); true draws afresh every round.
+    """
+
+    steps: tuple[int, ...] = ()
+    dist: str = field(default="uniform", metadata={"choices": ("uniform", "normal")})
+    low: int = field(default=1, metadata={"ge": 1})
+    high: int = field(default=10, metadata={"ge": 1})
+    mean: float = 30.0
+    std: float = field(default=20.0, metadata={"ge": 0})
+    per_round: bool = False
+
+    def validate(self):
+        p = []
+        if self.low > self.high:
+            p.append(f"low = {self.low} exceeds high = {self.high}")
+        if any(s < 0 for s in self.steps):
+            p.append("steps must be non-negative step counts")
+        return p
+
+
+class ClientSteps:
+    """tau_i from a per-client list or a keyed distribution (see :class:`ClientStepsOptions`)."""
+
+    def __init__(self, opts: ClientStepsOptions, seed: int):
+        self.opts, self.seed = opts, seed
+
+    def _draw(self, rnd: int, client: int) -> int:
+        o = self.opts
+        g = rng.numpy_rng(self.seed, rng.STEPS, rnd if o.per_round else -1, client)
+        if o.dist == "uniform":
+            return int(g.integers(o.low, o.high + 1))
+        return int(np.clip(np.rint(g.normal(o.mean, o.std)), o.low, o.high))
+
+    def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        if self.opts.steps:
+            return np.array([self.opts.steps[c % len(self.opts.steps)] for c in clients], dtype=np.int64)
+        return np.array([self._draw(rnd, int(c)) for c in clients], dtype=np.int64)
+
+
 class SizeWeights:
     """p_i proportional to n_i (FedAvg, McMahan et al. 2017)."""
 
@@ -40,7 +128,10 @@ class SizeWeights:
 
 
 class UniformWeights:
-    """p_i equal for all sampled clients."""
+    """p_i equal for all clients."""
 
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         return np.ones(len(clients), dtype=np.float64)
+
+
+STEPS_OPTIONS = {"random_epochs": RandomEpochsOptions, "client_steps": ClientStepsOptions}

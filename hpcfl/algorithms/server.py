@@ -4,42 +4,99 @@ The server receives sums over the cohort (one exact reduction) and turns them in
 new global model. The rule computes the aggregate update ``agg`` (a model delta); the
 server optimizer applies it::
 
-    D   = -agg                      # pseudo-gradient
+    D   = -agg                      # pseudo-gradient (descent direction)
     buf = beta * buf + D            # beta = server_momentum; buf starts at 0
     x  <- x - server_lr * buf
 
-With server_lr = 1 and beta = 0 this is ``x + agg``, i.e. plain FedAvg. It is FedAvgM
-(Hsu et al. 2019) for beta > 0, and FedNova's SlowMo-style server momentum with a
-constant lr (fednova.md 3.5).
+With beta = 0 this is ``x + server_lr * agg``: plain FedAvg for server_lr = 1. With
+beta > 0 it is FedAvgM (Hsu et al. 2019). FedNova's SlowMo-style server momentum
+(fednova.md 3.5) divides D by the round's client lr eta_t and multiplies back:
+``buf = beta * buf + D / eta_t; x <- x - eta_t * buf`` (``lr_scaled = True``); the two
+agree when eta_t is constant.
+
+The weight normaliser is the cohort's weight sum (Alg. 1 of fednova.md 3.4, the
+default) or 1 when the sampling already made the weights unbiased (``normalize=False``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
 class AverageRule:
-    """agg = sum_i w_i Delta_i / sum_i w_i over the sampled clients (FedAvg, FedProx, SCAFFOLD).
+    """agg = sum_i w_i Delta_i / sum_i w_i (FedAvg, FedProx, SCAFFOLD)."""
 
-    Renormalising by the cohort's weight sum is Alg. 1 of fednova.md 3.4.
-    """
+    def __init__(self, num_params: int, normalize: bool = True):
+        self.num_params, self.normalize = num_params, normalize
 
     def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
         return delta * weight
 
-    def aggregate(self, delta_sum: np.ndarray, scalars: dict) -> np.ndarray:
-        return delta_sum / scalars["weight"]
+    def aggregate(self, delta_sum: np.ndarray, s: dict) -> np.ndarray:
+        return delta_sum / (s["weight"] if self.normalize else 1.0)
+
+    def tau_eff(self, s: dict) -> float:
+        """The implicit tau_eff = sum p ||a||_1 (fednova.md 3.2), for diagnostics."""
+        return s["weight_anorm"] / s["weight"]
+
+
+@dataclass(frozen=True)
+class NovaOptions:
+    """FedNova's effective step count (fednova.md 3.3).
+
+    ``tau_eff = "auto"``: sum p_i ||a_i||_1 (the paper's default), or sum p_i tau_i when
+    the local solver is proximal ([CODE] default whenever mu != 0). ``"anorm"`` and
+    ``"steps"`` force one of the two; ``"const"`` uses ``value``.
+    """
+
+    tau_eff: str = field(default="auto", metadata={"choices": ("auto", "anorm", "steps", "const")})
+    value: float = field(default=1.0, metadata={"gt": 0})
+
+
+class NovaRule:
+    """FedNova, eq. 12: agg = tau_eff * sum_i p_i Delta_i / ||a_i||_1 / sum_i p_i.
+
+    Each client sends its update divided by its own normaliser ||a_i||_1, so every client
+    counts with weight p_i whatever its number of steps or its local solver. Float buffers
+    (batch-norm statistics) are not gradient steps: they are averaged with plain weights.
+    """
+
+    def __init__(self, opts: NovaOptions, num_params: int, prox: bool, normalize: bool = True):
+        self.opts, self.num_params, self.normalize = opts, num_params, normalize
+        self.mode = ("steps" if prox else "anorm") if opts.tau_eff == "auto" else opts.tau_eff
+
+    def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
+        out = delta * weight
+        out[: self.num_params] /= anorm
+        return out
+
+    def tau_eff(self, s: dict) -> float:
+        if self.mode == "const":
+            return self.opts.value
+        num = s["weight_anorm"] if self.mode == "anorm" else s["weight_steps"]
+        return num / s["weight"]
+
+    def aggregate(self, delta_sum: np.ndarray, s: dict) -> np.ndarray:
+        agg = delta_sum / (s["weight"] if self.normalize else 1.0)
+        agg[: self.num_params] *= self.tau_eff(s)
+        return agg
 
 
 class ServerOptimizer:
     """Server learning rate and momentum (state: the momentum buffer, on rank 0)."""
 
-    def __init__(self, lr: float, momentum: float):
-        self.lr, self.momentum = lr, momentum
+    def __init__(self, lr: float, momentum: float, lr_scaled: bool = False):
+        self.lr, self.momentum, self.lr_scaled = lr, momentum, lr_scaled
         self.buf: np.ndarray | None = None
 
-    def apply(self, x: np.ndarray, agg: np.ndarray) -> np.ndarray:
+    def apply(self, x: np.ndarray, agg: np.ndarray, client_lr: float = 1.0) -> np.ndarray:
         """New model from the current one ``x`` and the aggregate update ``agg`` (float64)."""
-        d = -agg
+        x64 = x.astype(np.float64)
+        if self.momentum == 0:  # no buffer: exactly x + lr * agg (FedNova T12: beta = 0 is bit-exact)
+            return (x64 + self.lr * agg).astype(x.dtype)
+        d = -agg / client_lr if self.lr_scaled else -agg
         self.buf = d if self.buf is None else self.momentum * self.buf + d
-        return (x.astype(np.float64) - self.lr * self.buf).astype(x.dtype)
+        scale = self.lr * client_lr if self.lr_scaled else self.lr
+        return (x64 - scale * self.buf).astype(x.dtype)

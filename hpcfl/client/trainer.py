@@ -62,7 +62,7 @@ class Trainer:
         self.augment = augment
 
     def train(self, x0: torch.Tensor, indices: torch.Tensor, steps: int, solver: LocalSolver,
-              gen: torch.Generator, corr: torch.Tensor | None = None) -> ClientResult:
+              gen: torch.Generator, corr: torch.Tensor | None = None, lr: float | None = None) -> ClientResult:
         """Train from the global state ``x0`` (L,) on the samples ``indices`` for ``steps`` steps.
 
         Batches walk through seeded per-epoch permutations of the client's indices
@@ -72,7 +72,8 @@ class Trainer:
         m.load(x0)
         m.module.train()
         w = m.weights
-        solver.begin(x0[: m.num_params])
+        solver.begin(x0[: m.num_params], lr)
+        loss_fn = getattr(m.module, "loss", None) or F.cross_entropy
         n = int(indices.numel())
         loss_sum = torch.zeros((), device=m.device, dtype=torch.float64)
         samples = 0
@@ -85,7 +86,7 @@ class Trainer:
             xb, yb = self.x[batch], self.y[batch]
             if self.augment is not None:
                 xb = self.augment(xb, gen)
-            loss = F.cross_entropy(m.module(xb), yb)
+            loss = loss_fn(m.module(xb), yb)
             g = m.grad(loss)
             with torch.no_grad():
                 solver.step(w, g, corr)
@@ -105,10 +106,14 @@ def evaluate_chunks(model: FlatModel, x, y, chunks: list[tuple[int, int]]) -> li
     the totals independent of the number of ranks.
     """
     model.module.eval()
+    custom = getattr(model.module, "loss", None)   # models with their own objective have no accuracy
     rows = []
     for lo, hi in chunks:
-        logits = model.module(x[lo:hi])
-        loss = F.cross_entropy(logits, y[lo:hi], reduction="sum")
-        correct = (logits.argmax(1) == y[lo:hi]).sum()
-        rows.append(np.array([float(correct), float(loss), float(hi - lo)]))
+        out = model.module(x[lo:hi])
+        if custom is not None:
+            loss, correct = custom(out, y[lo:hi]) * (hi - lo), 0.0   # accuracy reported as NaN
+        else:
+            loss = F.cross_entropy(out, y[lo:hi], reduction="sum")
+            correct = float((out.argmax(1) == y[lo:hi]).sum())
+        rows.append(np.array([correct, float(loss), float(hi - lo)]))
     return rows

@@ -28,6 +28,7 @@ from . import partition as _p
 from . import partition_labels as _pl
 from .datasets import EMBEDDED, Dataset, DatasetSpec
 from .files import ON_DISK
+from .quadratic import QuadraticOptions, load_quadratic
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,12 @@ class PartitionSpec:
     doc: str
 
 
-DATASETS: dict[str, DatasetSpec] = {**ON_DISK, **EMBEDDED}
+DATASETS: dict[str, DatasetSpec] = {
+    **ON_DISK,
+    **EMBEDDED,
+    "quadratic": DatasetSpec(QuadraticOptions, load_quadratic,
+                             "FedNova's quadratic objectives 1/2||x - e_i||^2, one per client"),
+}
 
 PARTITIONS: dict[str, PartitionSpec] = {
     "iid": PartitionSpec(_p.IidOptions, _p.iid, "uniformly random equal split"),

@@ -323,3 +323,4 @@ EMBEDDED = {
         load_synthetic_images_labels,
     ),
 }
+

@@ -10,11 +10,22 @@ one row per round or per participating client; the file is flushed after every r
     /metrics/train_loss            float64  weight-averaged mean local mini-batch loss
     /metrics/test_accuracy         float64  NaN on rounds without evaluation
     /metrics/test_loss             float64  NaN on rounds without evaluation
-    /metrics/clients_participating int64
+    /metrics/clients_participating int64    clients that trained and reported
+    /metrics/global_train_loss, global_train_accuracy
+                                   float64  global model on all clients' training samples
+                                            (run.eval_train = true; else NaN)
+    /metrics/lr                    float64  client learning rate of the round
+    /metrics/tau_eff               float64  effective local steps: FedNova's tau_eff, or the
+                                            implicit sum p_i ||a_i||_1 of averaging rules
+    /metrics/sim_time              float64  cumulative simulated seconds ([system]; else 0)
     /metrics/time_train, time_reduce, time_server, time_eval, time_round
                                    float64  real seconds per phase on rank 0
-    /clients/round, /clients/client, /clients/steps      int64
-    /clients/weight, /clients/train_loss                 float64
+    /clients/round, /clients/client, /clients/steps      int64  (one row per cohort member)
+    /clients/weight, /clients/train_loss                 float64 (normalised weight; 0 and NaN if dropped)
+    /clients/anorm                 float64  ||a_i||_1, FedNova's normaliser (= steps for plain SGD)
+    /clients/sim_time              float64  simulated arrival time of the client's update
+    /clients/dropped               int8     0 reported; 1 unavailable; 2 missed the deadline;
+                                            3 late; 4 no steps (hpcfl.system reason codes)
     /partition/class_counts        int64 (clients, classes)  training samples per class
     /final/params                  float32 (L,)   final flat model (parameters, then float buffers)
     /final/param_names             str (entries,) "param:<module path>" or "buffer:<path>"
@@ -38,6 +49,11 @@ METRICS = {
     "test_accuracy": np.float64,
     "test_loss": np.float64,
     "clients_participating": np.int64,
+    "global_train_loss": np.float64,
+    "global_train_accuracy": np.float64,
+    "lr": np.float64,
+    "tau_eff": np.float64,
+    "sim_time": np.float64,
     "time_train": np.float64,
     "time_reduce": np.float64,
     "time_server": np.float64,
@@ -50,6 +66,9 @@ CLIENT_FIELDS = {
     "steps": np.int64,
     "weight": np.float64,
     "train_loss": np.float64,
+    "anorm": np.float64,
+    "sim_time": np.float64,
+    "dropped": np.int8,
 }
 
 

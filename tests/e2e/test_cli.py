@@ -73,6 +73,7 @@ def test_results_schema(finished):
         assert f.attrs["world_size"] == 1 and json.loads(f.attrs["devices"]) == ["cpu"] and f.attrs["seed"] == 5
         m = f["metrics"]
         expected = {"round", "train_loss", "test_accuracy", "test_loss", "clients_participating",
+                    "global_train_loss", "global_train_accuracy", "lr", "tau_eff", "sim_time",
                     "time_train", "time_reduce", "time_server", "time_eval", "time_round"}
         assert set(m) == expected
         for name in expected:
@@ -81,9 +82,14 @@ def test_results_schema(finished):
         acc = m["test_accuracy"][()]
         assert np.isnan(acc[0]) and np.isnan(acc[2]) and 0 < acc[1] <= 1 and 0 < acc[3] <= 1
         assert m["clients_participating"][()].tolist() == [4, 4, 4, 4]
+        assert m["lr"][()].tolist() == [0.05] * 4
+        assert m["tau_eff"][()].tolist() == [3.0] * 4      # implicit sum p ||a||_1 of 3 plain SGD steps
+        assert m["sim_time"][()].tolist() == [0.0] * 4     # no [system] clock
+        assert np.isnan(m["global_train_loss"][()]).all()  # run.eval_train is off
         c = f["clients"]
-        assert set(c) == {"round", "client", "steps", "weight", "train_loss"}
+        assert set(c) == {"round", "client", "steps", "weight", "train_loss", "anorm", "sim_time", "dropped"}
         assert c["round"].shape == (16,) and c["steps"][()].tolist() == [3] * 16
+        assert c["anorm"][()].tolist() == [3.0] * 16 and c["dropped"][()].tolist() == [0] * 16
         for r in range(4):
             w = c["weight"][()][c["round"][()] == r]
             assert abs(w.sum() - 1) < 1e-12

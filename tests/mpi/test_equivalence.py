@@ -21,6 +21,18 @@ CASES = {
                                "algorithm.local_steps": 0, "algorithm.local_epochs": 1},
     "float64_eval_every_2": {"runtime.dtype": "float64", "run.eval_every": 2},
     "round_robin_placement": {"runtime.placement": "round_robin", "algorithm.name": "scaffold"},
+    "fednova_random_epochs": {"algorithm.name": "fednova", "algorithm.local_steps": 0,
+                              "algorithm.steps": "random_epochs", "algorithm.random_epochs.low": 1,
+                              "algorithm.random_epochs.high": 3, "run.eval_train": True},
+    "fednova_prox_server_momentum": {"algorithm.name": "fednova", "algorithm.local": "prox", "algorithm.mu": 0.05,
+                                     "algorithm.server_momentum": 0.9, "algorithm.lr_schedule": "step"},
+    "fednova_vr_momentum": {"algorithm.name": "fednova", "algorithm.local": "vr", "algorithm.momentum": 0.5,
+                            "algorithm.clients_per_round": 0},
+    "with_replacement": {"algorithm.name": "fednova", "algorithm.sampling": "with_replacement"},
+    "unbiased": {"algorithm.sampling": "unbiased", "algorithm.local_lr_decay": 0.9},
+    "system_deadline": {"algorithm.name": "fednova", "algorithm.local_steps": 20, "system.enabled": True,
+                        "system.compute_dist": "lognormal", "system.compute_s": 0.05, "system.compute_sigma": 1.0,
+                        "system.uplink_mbps": 1.0, "system.deadline_s": 0.6, "system.unavailability": 0.2},
 }
 
 

@@ -1,5 +1,7 @@
 """Policy algebra with hand-computed values: FedAvg mean, FedProx step, SCAFFOLD, ||a||_1."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -20,13 +22,24 @@ def result(delta, steps=4, loss=1.0):
     return ClientResult(torch.tensor(delta, dtype=D), steps, float(steps), loss, steps * 8)
 
 
-def aggregate(cfg, deltas, weights, x, num_clients=3):
-    algo = Algorithm(cfg, len(x), len(x), len(deltas), torch.device("cpu"), D)
+def full(alg, server_options=None):
+    """A Config-shaped object around an AlgorithmSection (what Algorithm reads)."""
+    return SimpleNamespace(algorithm=alg, run=SimpleNamespace(seed=0), steps_options=None,
+                           server_options=server_options)
+
+
+def aggregate(cfg, deltas, weights, x, num_clients=3, anorms=None, server_options=None):
+    algo = Algorithm(full(cfg, server_options), len(x), len(x), len(deltas), torch.device("cpu"), D)
     acc = ExactSum(algo.layout.length)
     for slot, (d, w) in enumerate(zip(deltas, weights)):
-        acc.add(algo.contribution(slot, result(d), w))
+        res = result(d)
+        if anorms is not None:
+            res.anorm = anorms[slot]
+            res.steps = int(anorms[slot])
+        acc.add(algo.contribution(slot, res, w))
     sums = acc.reduce(MPI.COMM_SELF, total=len(deltas))
-    return algo, algo.server_step(np.asarray(x, dtype=np.float64), sums, num_clients), sums
+    new_x, _ = algo.server_step(np.asarray(x, dtype=np.float64), sums, num_clients)
+    return algo, new_x, sums
 
 
 def test_fedavg_weighted_mean_three_clients():
@@ -112,7 +125,7 @@ def test_scaffold_server_update_by_hand():
     cfg = AlgorithmSection(local="scaffold", steps="fixed", local_steps=4, weights="uniform", lr=0.1)
     algo, x, _ = aggregate(cfg, [[-0.4, 0.2], [0.4, 0.6]], [1, 1], [0.0, 0.0], num_clients=4)
     assert np.allclose(x, [0.0, 0.4], atol=1e-15)
-    assert torch.allclose(algo.scaffold.c, torch.tensor([0.0, -0.5], dtype=D), atol=1e-15)
+    assert torch.allclose(algo.state.c, torch.tensor([0.0, -0.5], dtype=D), atol=1e-15)
 
 
 def test_steps_and_weights_policies():

@@ -33,6 +33,7 @@ FITS = {
     "vgg16": {CIFAR},
     "resnet18": {CIFAR, FMNIST, DIGITS},
     "kws_lstm": {SEQ},
+    "quadratic": {SYNTH, FLAT64},  # any flat shape: x has the targets' dimension
 }
 
 
@@ -128,7 +129,10 @@ def test_parameter_count(name, shape, classes, table, expected):
     assert count(shared(name, shape, classes, **table)) == expected
 
 
-@pytest.mark.parametrize("name", sorted(FITS))
+CLASSIFIERS = sorted(set(FITS) - {"quadratic"})  # quadratic is an objective, not a classifier
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
 def test_output_shape_on_every_fitting_shape(name):
     for shape in sorted(FITS[name]):
         model = shared(name, shape)  # eval mode: forward == fc(features) needs no dropout
@@ -176,7 +180,15 @@ def test_resnet_imagenet_stem_needs_32_pixels():
         make("resnet18", FMNIST, stem="imagenet")
 
 
-@pytest.mark.parametrize("name", sorted(FITS))
+def test_quadratic_objective_by_hand():
+    # x starts at 0; targets e = [[1, 2], [3, -1]]: mean of 1/2 ||x - e||^2 = (5/2 + 10/2) / 2 = 3.75
+    model = make("quadratic", FLAT64[:0] + (2,))
+    e = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
+    assert torch.equal(model(e), e) and model.loss(model(e), None).item() == 3.75
+    assert [n for n, _ in model.named_parameters()] == ["x"] and count(model) == 2
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
 def test_init_is_deterministic_given_the_seed(name):
     shape = first_shape(name)
     a, b = shared(name, shape), make(name, shape, seed=0)
