@@ -1,5 +1,11 @@
 import sys
 
-from .cli import main
+if sys.argv[1:2] == ["run"]:
+    # First, before numpy/torch/MPI: a stop signal during start-up must be a stop request.
+    from .signals import install
+
+    install()
+
+from .cli import main  # noqa: E402
 
 sys.exit(main())

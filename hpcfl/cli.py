@@ -2,6 +2,9 @@
 
 Input errors (bad config, missing data files, more ranks than clients) are collected
 from all ranks, printed once by rank 0, and end every rank with exit code 2.
+Exit codes of ``hpcfl run``: 0 finished (or already finished), 2 bad input, 3 stopped by
+the update guard, 75 stopped by a signal with a checkpoint written (run again to
+resume), anything else a failure.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set algorithm.lr=0.05 (repeatable)")
     r.add_argument("--out", help="output directory (default runs/<run.name>)")
-    r.add_argument("--force", action="store_true", help="overwrite an existing results.h5 in --out")
+    r.add_argument("--force", action="store_true",
+                   help="start over: delete the results and checkpoints already in --out")
+    r.add_argument("--allow-change", action="append", default=[], metavar="KEY",
+                   help="resume although KEY (one that is safe to change, e.g. run.rounds) differs (repeatable)")
     sub.add_parser("info", help="ranks, devices, MPI library and versions")
     pt = sub.add_parser("partition", help="preview a job's client partition without training")
     pt.add_argument("job")
@@ -60,45 +66,129 @@ def _exit_all(code: int) -> None:
     os._exit(code)
 
 
+def _plan_run(cfg, out: Path, args):
+    """Rank 0: fresh start, resume from a checkpoint, or already done (docs/reliability.md).
+
+    Returns (mode, loaded checkpoint or None, messages to print).
+    """
+    from . import config
+    from .io import results
+    from .io.checkpoint import CheckpointStore
+
+    store = CheckpointStore(Path(cfg.checkpoint.dir or out / "checkpoints"), keep=cfg.checkpoint.keep)
+    path = out / "results.h5"
+    if args.force:
+        for f in [path] + [p for _, p in store.list()]:
+            f.unlink(missing_ok=True)
+        store.clean_temp()
+        return "fresh", None, store, []
+    found = results.status(path)
+    if found is None:
+        if store.list():
+            raise HpcflError(f"{store.directory} holds checkpoints but {path} is missing; remove them, choose "
+                             f"another --out, or pass --force to start over")
+        return "fresh", None, store, []
+    state, old = found
+    changed = config.changed_keys(old, cfg.to_dict()) if old else []
+    unsafe = [k for k in changed if not config.is_safe_change(k)]
+    if unsafe:
+        raise HpcflError(f"{out} holds results of a different job (differs in {', '.join(unsafe)}); choose another "
+                         f"--out, or pass --force to overwrite it")
+    unnamed = [k for k in changed if k not in args.allow_change]
+    if unnamed:
+        raise HpcflError(f"resuming {out} with changed {', '.join(unnamed)}: these are safe to change; confirm with "
+                         + " ".join(f"--allow-change {k}" for k in unnamed))
+    store.clean_temp()
+    loaded = store.load_latest()
+    notes = [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
+    if loaded is None:
+        return "fresh", None, store, notes + [f"no valid checkpoint in {store.directory}; starting from round 0"]
+    if state == "finished" and loaded.round >= cfg.run.rounds:
+        return "done", loaded, store, notes
+    return "resume", loaded, store, notes + [f"resuming from {loaded.path.name} (round {loaded.round})"]
+
+
 def cmd_run(args, comm) -> int:
-    from . import config, simulation
-    from .io.results import ResultsWriter
+    from . import config, resume, simulation
+    from .control import EXIT_GUARD, EXIT_RESUMABLE, RunControl
+    from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
     from .runtime import versions
 
     t_start = time.perf_counter()
-    err, cfg, setup, out = None, None, None, None
+    err, cfg, setup, out, plan = None, None, None, None, ("fresh", None, None, [])
     try:
         cfg = config.load(args.job, args.overrides)
         out = Path(args.out or Path("runs") / cfg.run.name)
-        if comm.rank == 0 and (out / "results.h5").exists() and not args.force:
-            raise HpcflError(f"{out / 'results.h5'} already exists; choose another --out, or pass --force to overwrite it")
+        if not cfg.results.locking:
+            from .io.checkpoint import configure_locking
+            configure_locking(False)
+        if comm.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            plan = _plan_run(cfg, out, args)
         setup = simulation.prepare(cfg, comm)
     except HpcflError as exc:
         err = exc
     _agree(comm, err)
+    mode, loaded, store, notes = plan
+    mode, start = comm.bcast((mode, loaded.round if loaded else 0), root=0)
+    if comm.rank == 0:
+        for note in notes:
+            print(f"hpcfl: {note}", flush=True)
+    if mode == "done":
+        if comm.rank == 0:
+            print(f"hpcfl: {out} is already finished ({start} rounds); nothing to do", flush=True)
+        return 0
 
+    sim_time = comm.bcast(loaded.meta.get("sim_time", 0.0) if loaded else 0.0, root=0)
+    x = resume.restore(setup, loaded.arrays if loaded else None) if mode == "resume" else None
     devices = comm.gather(str(setup.device), root=0)
     writer = progress = None
+    history: list[dict] = []
     if comm.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
         from . import data
         counts = data.class_counts(setup.dataset.y_train, setup.parts, setup.dataset.num_classes)
         attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "versions": versions(),
                  "world_size": comm.size, "devices": devices, "seed": cfg.run.seed}
-        writer = ResultsWriter(out / "results.h5", attrs, counts)
+        writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None)
+        history = metric_rows(out / "results.h5") if mode == "resume" else []
         progress = Progress(cfg.run.rounds, cfg.runtime.progress)
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{comm.size} rank(s), device {setup.device}, {setup.threads} thread(s)/rank; startup "
               f"{time.perf_counter() - t_start:.1f} s", flush=True)
-    history = []
 
     def on_round(metrics, clients):
         writer.append_round(metrics, clients)
         history.append(metrics)
         progress.update(metrics)
 
-    x = simulation.run(setup, on_round=on_round)
+    def checkpoint(done, x_now, sim_now):
+        arrays = resume.capture(setup, x_now)
+        failure = None
+        if comm.rank == 0:
+            try:
+                store.save(done, arrays, meta={"sim_time": sim_now, "config": cfg.to_json()},
+                           manifest={"world_size": comm.size, "config_sha256": cfg.digest(), "versions": versions()})
+            except HpcflError as exc:
+                failure = str(exc)
+        failure = comm.bcast(failure, root=0)
+        if failure:
+            if comm.rank == 0:
+                print(f"hpcfl: {failure}", file=sys.stderr, flush=True)
+                writer.close()
+            _exit_all(1)
+
+    control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s)
+    try:
+        x = simulation.run(setup, on_round=on_round, start=start, sim_time=sim_time, x=x, control=control,
+                           checkpoint=checkpoint)
+    except (simulation.Stopped, simulation.GuardStop) as exc:
+        resumable = isinstance(exc, simulation.Stopped)
+        if comm.rank == 0:
+            writer.close()
+            what = "resumable: run the same command again to continue" if resumable else "stopped by the guard"
+            print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
+        _exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
     if comm.rank == 0:
         writer.write_final(x, setup.model.names, setup.model.shapes)
         writer.close()
@@ -152,6 +242,9 @@ def cmd_partition(args, comm) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.cmd == "run":      # again for the console script, which does not pass through __main__
+        from . import signals
+        signals.install()
     from .comm import world
 
     comm = world()

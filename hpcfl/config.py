@@ -114,6 +114,34 @@ class RuntimeSection:
 
 
 @dataclass(frozen=True)
+class CheckpointSection:
+    every: int = field(default=0, metadata={"ge": 0})   # rounds between checkpoints; 0: only at stops and the end
+    keep: int = field(default=3, metadata={"ge": 2})
+    dir: str | None = None                                # default <out>/checkpoints
+
+
+@dataclass(frozen=True)
+class GuardSection:
+    policy: str = field(default="stop", metadata={"choices": ("stop", "skip")})
+    max_norm: float = field(default=0.0, metadata={"ge": 0})   # L2 bound on a client's update; 0: no bound
+
+
+@dataclass(frozen=True)
+class WatchdogSection:
+    timeout_s: float = field(default=0.0, metadata={"ge": 0})  # one phase of one round; 0: off
+
+
+@dataclass(frozen=True)
+class ResultsSection:
+    locking: bool = True   # false on filesystems without file locking (sets HDF5_USE_FILE_LOCKING=FALSE)
+
+
+# Keys that may differ between a checkpoint's job and the resuming job (with --allow-change).
+SAFE_TO_CHANGE = ("run.rounds", "run.eval_every", "runtime.progress", "runtime.threads", "runtime.device",
+                  "runtime.placement", "runtime.eval_batch_size", "checkpoint.", "watchdog.", "results.")
+
+
+@dataclass(frozen=True)
 class Config:
     """The resolved job. ``*_options`` are the chosen components' option dataclasses."""
 
@@ -128,12 +156,17 @@ class Config:
     steps_options: object = None     # [algorithm.<steps>] for policies with options
     server_options: object = None    # [algorithm.<server>] for rules with options
     system: object = None            # hpcfl.system.SystemOptions
+    checkpoint: CheckpointSection = CheckpointSection()
+    guard: GuardSection = GuardSection()
+    watchdog: WatchdogSection = WatchdogSection()
+    results: ResultsSection = ResultsSection()
     job_dir: str | None = None       # where relative paths (system.trace) resolve; not part of the job
 
     def to_dict(self) -> dict:
         """A JSON-ready dict that round-trips through :func:`from_dict`."""
         d = {}
-        for name in ("run", "data", "model", "algorithm", "runtime", "system"):
+        for name in ("run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog",
+                     "results"):
             d[name] = dataclasses.asdict(getattr(self, name))
         d["data"][self.data.dataset] = dataclasses.asdict(self.dataset_options)
         d["data"][self.data.partition] = dataclasses.asdict(self.partition_options)
@@ -228,7 +261,7 @@ def _component(kind: str, name: str, subs: dict, chosen: list[str], where: str, 
 def from_dict(table: dict) -> Config:
     """Validate a parsed job and build the :class:`Config`; raises ConfigError listing every problem."""
     problems: list[str] = []
-    known = {"run", "data", "model", "algorithm", "runtime", "system"}
+    known = {"run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog", "results"}
     for k, v in table.items():
         if k not in known:
             problems.append(f"unknown section [{k}]; valid sections: {', '.join(sorted(known))}")
@@ -254,6 +287,9 @@ def from_dict(table: dict) -> Config:
     from .system import SystemOptions
 
     system = build(SystemOptions, t.get("system"), "system", problems)
+    extra = {name: build(cls, t.get(name), name, problems) for name, cls in
+             (("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
+              ("results", ResultsSection))}
     steps_options = server_options = None
     if algorithm is not None:
         from .algorithms.policies import STEPS_OPTIONS
@@ -294,10 +330,31 @@ def from_dict(table: dict) -> Config:
     if problems:
         raise ConfigError(problems)
     return Config(run, data, model, algorithm, runtime, dataset_options, partition_options, model_options,
-                  steps_options, server_options, system)
+                  steps_options, server_options, system, **extra)
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a job file, apply ``--set`` overrides and validate."""
     cfg = from_dict(apply_overrides(read_job(path), overrides or []))
     return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent))
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    """Dotted keys whose values differ between two ``Config.to_dict()`` dicts."""
+    a, b = flatten(old), flatten(new)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def is_safe_change(key: str) -> bool:
+    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_TO_CHANGE)

@@ -155,22 +155,42 @@ def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     return (tot[0] / tot[2] if has_accuracy else float("nan")), tot[1] / tot[2]
 
 
-def run(s: Setup, on_round=None) -> np.ndarray:
-    """Run all rounds; returns the final flat model (every rank).
+class Stopped(Exception):
+    """Raised on every rank together when a stop signal was agreed (checkpoint written)."""
 
-    ``on_round(metrics, clients)`` is called on rank 0 after each round.
+
+class GuardStop(Exception):
+    """Raised on every rank together when a guarded update stops the run (guard.policy = "stop")."""
+
+
+REJECTED = 5  # /clients/dropped code of an update refused by the guard
+
+
+def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.ndarray | None = None,
+        control=None, checkpoint=None) -> np.ndarray:
+    """Run rounds ``start .. rounds-1``; returns the final flat model (every rank).
+
+    ``on_round(metrics, clients)`` is called on rank 0 after each round. ``x`` and
+    ``sim_time`` continue a resumed run. ``control`` (hpcfl.control.RunControl) gives
+    phases, guards and the stop agreement; ``checkpoint(rounds_done, x, sim_time)`` is a
+    collective called at round ends when one is due, on a stop, and after the last round.
     """
+    from .config import GuardSection
+    from .control import RunControl
+
     cfg, comm, algo = s.cfg, s.comm, s.algo
+    control = control or RunControl(comm, GuardSection(), 0.0)
     seed, N, B = cfg.run.seed, cfg.data.num_clients, cfg.algorithm.batch_size
-    x = s.model.numpy()                          # global model; authoritative on rank 0
+    x = s.model.numpy() if x is None else x      # global model; authoritative on rank 0
     comm.Bcast(x, root=0)
     extra = algo.broadcast_extra()
     acc = make_sum(cfg.runtime.reduce, algo.layout.length)   # buffers kept across rounds
     all_weights = algo.weights(-1, np.arange(N), s.sizes)
     train_eval = _train_eval_set(s) if cfg.run.eval_train else None
-    sim_time = 0.0
-    for rnd in range(cfg.run.rounds):
+    every = cfg.checkpoint.every
+    for rnd in range(start, cfg.run.rounds):
         t0 = time.perf_counter()
+        control.phase("train", rnd)
         # 1-2. cohort, weights, steps, and what the simulated clients' systems allow
         cohort, weights = cohort_and_weights(cfg, rnd, all_weights)
         steps = algo.steps(rnd, cohort, s.sizes[cohort])
@@ -183,23 +203,34 @@ def run(s: Setup, on_round=None) -> np.ndarray:
         # 3-4. local training of this rank's cohort clients, one contribution row each
         x0 = torch.from_numpy(x).to(s.device)
         acc.reset()
-        records = []
+        records, refused = [], []
         for j in np.flatnonzero((s.owner[cohort] == comm.rank) & (steps > 0)):
             cid, slot = int(cohort[j]), int(s.slot[cohort[j]])
             gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, rnd, cid)
             rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, rnd, cid))  # dropout and the like
             idx = s.client_index[s.client_offset[slot] : s.client_offset[slot + 1]]
             res = s.trainer.train(x0, idx, int(steps[j]), algo.solver, gen, algo.correction(slot), lr)
+            problem = control.check_update(cid, rnd, res.delta.detach().cpu().numpy())
+            if problem is not None:         # never averaged in: skip and record, or stop the run
+                refused.append(problem)
+                records.append((cid, float("nan"), 0.0, REJECTED))
+                continue
             acc.add(algo.contribution(slot, res, float(weights[j])))
-            records.append((cid, res.loss, res.anorm))
+            records.append((cid, res.loss, res.anorm, 0))
+        if cfg.guard.policy == "stop":
+            refused = control.agree_guard(refused)
+            if refused:
+                raise GuardStop("; ".join(refused))
         t1 = time.perf_counter()
 
         # 5. one exact reduction of all contributions
+        control.phase("reduce", rnd)
         sums = acc.reduce(comm, total=len(cohort), root=0)
         gathered = comm.gather(records, root=0)
         t2 = time.perf_counter()
 
         # 6. server update on rank 0, broadcast of the model (and server state)
+        control.phase("server", rnd)
         diag = {}
         if comm.rank == 0:
             x, diag = algo.server_step(x, sums, N)
@@ -212,9 +243,9 @@ def run(s: Setup, on_round=None) -> np.ndarray:
         t3 = time.perf_counter()
 
         # 7. evaluation (test chunks split over ranks), then rank 0 records the round
-        every = cfg.run.eval_every
+        control.phase("eval", rnd)
         test_acc = test_loss = train_acc = train_loss = float("nan")
-        if rnd == cfg.run.rounds - 1 or (every and (rnd + 1) % every == 0):
+        if rnd == cfg.run.rounds - 1 or (cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0):
             s.model.load(x)
             test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
             if train_eval is not None:
@@ -228,6 +259,15 @@ def run(s: Setup, on_round=None) -> np.ndarray:
                            time_reduce=t2 - t1, time_server=t3 - t2, time_eval=t4 - t3, time_round=t4 - t0)
             if on_round is not None:
                 on_round(metrics, clients)
+
+        # 8. round boundary: agree on stop requests; checkpoint when due, on a stop, at the end
+        stop = control.should_stop()
+        done = rnd + 1
+        if checkpoint is not None and (stop or done == cfg.run.rounds or (every and done % every == 0)):
+            control.phase("checkpoint", rnd)
+            checkpoint(done, x, sim_time)
+        if stop:
+            raise Stopped(f"stopped by {stop} after round {rnd} with a checkpoint")
     return x
 
 
@@ -242,19 +282,22 @@ def _round_records(algo, sums, gathered, cohort, weights, steps, plan, rnd, lr, 
     from .algorithms import SCALARS
 
     sc = dict(zip(SCALARS, algo.layout.split(sums)["scalars"]))
-    trained = {cid: (loss, anorm) for part in gathered for cid, loss, anorm in part}
+    done = {cid: (loss, anorm, code) for part in gathered for cid, loss, anorm, code in part}
+    ok = {c for c, (_, _, code) in done.items() if code == 0}
     total_w = sc["weight"]
     k = len(cohort)
+    dropped = np.array(plan.reason if plan is not None else np.zeros(k), dtype=np.int8)
+    dropped[[j for j, c in enumerate(cohort) if c in done and done[c][2]]] = REJECTED
     clients = {
         "round": np.full(k, rnd), "client": cohort, "steps": steps,
-        "weight": np.array([weights[j] / total_w if c in trained else 0.0 for j, c in enumerate(cohort)]),
-        "train_loss": np.array([trained.get(c, (np.nan, 0.0))[0] for c in cohort]),
-        "anorm": np.array([trained.get(c, (np.nan, 0.0))[1] for c in cohort]),
+        "weight": np.array([weights[j] / total_w if c in ok else 0.0 for j, c in enumerate(cohort)]),
+        "train_loss": np.array([done.get(c, (np.nan,))[0] for c in cohort]),
+        "anorm": np.array([done[c][1] if c in ok else 0.0 for c in cohort]),
         "sim_time": plan.total_s if plan is not None else np.zeros(k),
-        "dropped": plan.reason if plan is not None else np.zeros(k),
+        "dropped": dropped,
     }
     metrics = {
         "round": rnd, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
-        "clients_participating": len(trained), "lr": lr, "tau_eff": diag.get("tau_eff", float("nan")),
+        "clients_participating": len(ok), "lr": lr, "tau_eff": diag.get("tau_eff", float("nan")),
     }
     return metrics, clients

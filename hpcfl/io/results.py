@@ -90,8 +90,11 @@ class ResultsWriter:
     class_counts : np.ndarray, shape (clients, classes)
     """
 
-    def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray):
+    def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None):
         self.path = Path(path)
+        if resume_at is not None:
+            self._reopen(resume_at, attrs)
+            return
         self.file = h5py.File(self.path, "w")
         for k, v in attrs.items():
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
@@ -101,6 +104,27 @@ class ResultsWriter:
             for name, dtype in fields.items():
                 g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
         self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64))
+        self.file.flush()
+
+    def _reopen(self, rounds_done: int, attrs: dict) -> None:
+        """Continue a run: drop metric and client rows of rounds >= ``rounds_done``.
+
+        Those rows were written after the checkpoint the run resumes from; the resumed
+        run writes them again, bitwise the same (docs/reliability.md).
+        """
+        self.file = h5py.File(self.path, "r+")
+        for group in ("metrics", "clients"):
+            g = self.file[group]
+            keep = int(np.count_nonzero(g["round"][()] < rounds_done))
+            for ds in g.values():
+                ds.resize((keep,))
+        if "final" in self.file:
+            del self.file["final"]
+        for k in ("world_size", "devices", "versions"):   # describe the latest attempt
+            v = attrs[k]
+            self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        self.file.attrs["status"] = "running"
+        self.file.attrs["resumed_at_round"] = rounds_done
         self.file.flush()
 
     def append_round(self, metrics: dict, clients: dict) -> None:
@@ -178,3 +202,25 @@ def load(path: str | Path) -> Results:
             res.param_names = [s.decode() if isinstance(s, bytes) else s for s in f["final/param_names"][()]]
             res.param_shapes = [tuple(s) for s in json.loads(f["final"].attrs["shapes"])]
     return res
+
+
+def status(path: Path) -> tuple[str, dict] | None:
+    """(status, config dict) of an existing results file, or None if there is none.
+
+    A file that cannot be read (killed before its first flush) reads as ("unreadable", {}).
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        with h5py.File(path, "r") as f:
+            return str(f.attrs.get("status", "running")), json.loads(f.attrs.get("config", "{}"))
+    except (OSError, ValueError):
+        return "unreadable", {}
+
+
+def metric_rows(path: Path) -> list[dict]:
+    """The metrics table as a list of per-round dicts (for the closing summary)."""
+    with h5py.File(path, "r") as f:
+        m = {k: f["metrics"][k][()] for k in f["metrics"]}
+    return [{k: v[i].item() for k, v in m.items()} for i in range(len(m["round"]))]

@@ -1,0 +1,125 @@
+"""Run control: the stop agreement, the watchdog, update guards, fault injection.
+
+See docs/reliability.md for the protocol. Nothing here talks to MPI except through the
+``comm`` passed in; the round loop calls :meth:`RunControl.phase` when it enters a phase
+and :meth:`RunControl.should_stop` once per round (a collective).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+from .signals import stop_requested
+
+EXIT_GUARD = 3
+EXIT_RESUMABLE = 75
+
+
+class Watchdog:
+    """Aborts the whole job when one phase of one round runs longer than ``timeout_s``.
+
+    A daemon thread wakes every second; a blocked collective cannot be interrupted from
+    Python, so the thread calls ``comm.Abort`` (mpi4py initialises MPI with thread
+    support), which ends every rank.
+    """
+
+    def __init__(self, comm, timeout_s: float):
+        self.comm, self.timeout = comm, timeout_s
+        self.where = ("start-up", -1)
+        self.since = time.monotonic()
+        if timeout_s > 0:
+            threading.Thread(target=self._watch, name="hpcfl-watchdog", daemon=True).start()
+
+    def enter(self, phase: str, rnd: int) -> None:
+        self.where, self.since = (phase, rnd), time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout / 4))
+            held = time.monotonic() - self.since
+            if held > self.timeout:
+                phase, rnd = self.where
+                print(f"hpcfl watchdog: rank {self.comm.rank} stuck in phase '{phase}' of round {rnd} for "
+                      f"{held:.0f} s (watchdog.timeout_s = {self.timeout:g}); aborting all ranks",
+                      file=sys.stderr, flush=True)
+                self.comm.Abort(1)
+
+
+class FaultInjector:
+    """Test hook: ``HPCFL_FAULT=rank:phase:round:kind`` fails that rank there.
+
+    kind is ``raise`` (an exception), ``exit`` (sys.exit(3)), ``kill`` (SIGKILL to itself)
+    or ``hang`` (sleep forever, for the watchdog). When ``HPCFL_FAULT_STAMP`` names a file,
+    the wall time of the fault is written there first, so tests can time the shutdown.
+    Used by the rank-death tests; a no-op when the variable is unset.
+    """
+
+    def __init__(self, rank: int):
+        spec = os.environ.get("HPCFL_FAULT", "")
+        self.target = None
+        if spec:
+            r, phase, rnd, kind = spec.split(":")
+            if int(r) == rank:
+                self.target = (phase, int(rnd), kind)
+
+    def check(self, phase: str, rnd: int) -> None:
+        if self.target is None or self.target[:2] != (phase, rnd):
+            return
+        kind = self.target[2]
+        stamp = os.environ.get("HPCFL_FAULT_STAMP")
+        if stamp:
+            with open(stamp, "w") as f:
+                f.write(repr(time.time()))
+        if kind == "raise":
+            raise RuntimeError(f"injected fault in phase {phase} of round {rnd}")
+        if kind == "exit":
+            sys.exit(3)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            while True:
+                time.sleep(3600)
+
+
+class RunControl:
+    """Per-rank control of one run: phases, guards, the per-round stop agreement.
+
+    Parameters
+    ----------
+    comm : MPI communicator
+    guard : hpcfl.config.GuardSection
+    watchdog_s : float
+    """
+
+    def __init__(self, comm, guard, watchdog_s: float):
+        self.comm, self.guard = comm, guard
+        self.watchdog = Watchdog(comm, watchdog_s)
+        self.faults = FaultInjector(comm.rank)
+
+    def phase(self, name: str, rnd: int) -> None:
+        self.watchdog.enter(name, rnd)
+        self.faults.check(name, rnd)
+
+    def check_update(self, cid: int, rnd: int, delta: np.ndarray) -> str | None:
+        """None if the update may be averaged in, else why not (NaN/Inf, or norm bound)."""
+        norm = float(np.linalg.norm(delta))
+        if not np.isfinite(norm):
+            return f"client {cid} in round {rnd}: its update holds NaN or Inf"
+        if self.guard.max_norm and norm > self.guard.max_norm:
+            return f"client {cid} in round {rnd}: update norm {norm:.4g} exceeds guard.max_norm = {self.guard.max_norm:g}"
+        return None
+
+    def agree_guard(self, problems: list[str]) -> list[str]:
+        """Collective: every rank's guard problems (for policy "stop")."""
+        return [p for part in self.comm.allgather(problems) for p in part]
+
+    def should_stop(self) -> str | None:
+        """Collective: the first stop signal any rank received, or None."""
+        flags = self.comm.allgather(stop_requested())
+        return next((f for f in flags if f), None)
