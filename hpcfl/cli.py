@@ -121,8 +121,10 @@ def cmd_run(args, comm) -> int:
         cfg = config.load(args.job, args.overrides)
         out = Path(args.out or Path("runs") / cfg.run.name)
         if not cfg.results.locking:
+            from .io import results as results_io
             from .io.checkpoint import configure_locking
             configure_locking(False)
+            results_io.configure(locking=False)
         if comm.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             plan = _plan_run(cfg, out, args)
@@ -158,7 +160,11 @@ def cmd_run(args, comm) -> int:
               f"{time.perf_counter() - t_start:.1f} s", flush=True)
 
     def on_round(metrics, clients):
-        writer.append_round(metrics, clients)
+        try:
+            writer.append_round(metrics, clients)
+        except HpcflError as exc:     # disk full: say so, end every rank; checkpoints stay valid
+            print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+            comm.Abort(1)
         history.append(metrics)
         progress.update(metrics)
 

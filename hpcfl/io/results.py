@@ -32,16 +32,25 @@ one row per round or per participating client; the file is flushed after every r
     /final/param_shapes            JSON string attribute ``shapes`` on /final (list of lists)
 
 Load a final model into torch: ``hpcfl.results.load(path).state_dict()``.
+
+Reading while a run is going: the writer uses HDF5 SWMR (single writer, multiple
+readers), so ``hpcfl.results.load(path)`` (or ``h5py.File(path, "r", swmr=True)``) reads
+every flushed round of a running job. After a SIGKILL at most the round in flight is
+lost. SWMR needs POSIX write ordering: on NFS or a parallel filesystem without it, set
+``[results] locking = false`` and copy the file before reading it mid-run.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
 import numpy as np
+
+from ..errors import HpcflError
 
 METRICS = {
     "round": np.int64,
@@ -72,6 +81,19 @@ CLIENT_FIELDS = {
 }
 
 
+LOCKING = {"locking": True}   # set by configure(); False on filesystems without file locking
+
+
+def configure(locking: bool) -> None:
+    LOCKING["locking"] = locking
+
+
+def _open(path, mode, **kw):
+    if not LOCKING["locking"]:
+        kw["locking"] = False
+    return h5py.File(path, mode, **kw)
+
+
 def _append(ds: h5py.Dataset, values) -> None:
     values = np.asarray(values, dtype=ds.dtype).reshape(-1)
     n = ds.shape[0]
@@ -95,7 +117,7 @@ class ResultsWriter:
         if resume_at is not None:
             self._reopen(resume_at, attrs)
             return
-        self.file = h5py.File(self.path, "w")
+        self.file = _open(self.path, "w", libver="latest")   # SWMR needs the latest format
         for k, v in attrs.items():
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         self.file.attrs["status"] = "running"
@@ -104,6 +126,7 @@ class ResultsWriter:
             for name, dtype in fields.items():
                 g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
         self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64))
+        self.file.swmr_mode = True   # from here on: appends only, readable by SWMR readers
         self.file.flush()
 
     def _reopen(self, rounds_done: int, attrs: dict) -> None:
@@ -112,7 +135,7 @@ class ResultsWriter:
         Those rows were written after the checkpoint the run resumes from; the resumed
         run writes them again, bitwise the same (docs/reliability.md).
         """
-        self.file = h5py.File(self.path, "r+")
+        self.file = _open(self.path, "r+", libver="latest")
         for group in ("metrics", "clients"):
             g = self.file[group]
             keep = int(np.count_nonzero(g["round"][()] < rounds_done))
@@ -125,6 +148,7 @@ class ResultsWriter:
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         self.file.attrs["status"] = "running"
         self.file.attrs["resumed_at_round"] = rounds_done
+        self.file.swmr_mode = True
         self.file.flush()
 
     def append_round(self, metrics: dict, clients: dict) -> None:
@@ -132,13 +156,23 @@ class ResultsWriter:
         missing = set(METRICS) - set(metrics)
         if missing:
             raise KeyError(f"metrics missing {sorted(missing)}")
-        for name, value in metrics.items():
-            _append(self.file["metrics"][name], [value])
-        for name in CLIENT_FIELDS:
-            _append(self.file["clients"][name], clients[name])
-        self.file.flush()
+        try:
+            for name, value in metrics.items():
+                _append(self.file["metrics"][name], [value])
+            for name in CLIENT_FIELDS:
+                _append(self.file["clients"][name], clients[name])
+            self.file.flush()
+        except OSError as exc:
+            free = shutil.disk_usage(self.path.parent).free
+            need = 8 * (len(METRICS) + len(CLIENT_FIELDS) * len(clients["client"]))
+            raise HpcflError(f"cannot write round {metrics['round']} to {self.path}: {exc}. A round needs about "
+                             f"{need} bytes; {free:,} bytes are free there. Free space, then run the same "
+                             f"command again to resume from the last checkpoint") from None
 
     def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple]) -> None:
+        # SWMR allows no new objects or attributes: reopen in normal mode for the last write.
+        self.file.close()
+        self.file = _open(self.path, "r+", libver="latest")
         g = self.file.require_group("final")
         g.create_dataset("params", data=np.asarray(params, dtype=np.float32))
         g.create_dataset("param_names", data=np.array(names, dtype=h5py.string_dtype()))
@@ -183,7 +217,7 @@ def load(path: str | Path) -> Results:
     path = Path(path)
     if path.is_dir():
         path = path / "results.h5"
-    with h5py.File(path, "r") as f:
+    with _open(path, "r", swmr=True) as f:
         attrs = {}
         for k, v in f.attrs.items():
             v = v.decode() if isinstance(v, bytes) else v
@@ -213,7 +247,7 @@ def status(path: Path) -> tuple[str, dict] | None:
     if not path.exists():
         return None
     try:
-        with h5py.File(path, "r") as f:
+        with _open(path, "r", swmr=True) as f:
             return str(f.attrs.get("status", "running")), json.loads(f.attrs.get("config", "{}"))
     except (OSError, ValueError):
         return "unreadable", {}
@@ -221,6 +255,6 @@ def status(path: Path) -> tuple[str, dict] | None:
 
 def metric_rows(path: Path) -> list[dict]:
     """The metrics table as a list of per-round dicts (for the closing summary)."""
-    with h5py.File(path, "r") as f:
+    with _open(path, "r", swmr=True) as f:
         m = {k: f["metrics"][k][()] for k in f["metrics"]}
     return [{k: v[i].item() for k, v in m.items()} for i in range(len(m["round"]))]
