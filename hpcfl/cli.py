@@ -75,16 +75,19 @@ def _plan_run(cfg, out: Path, args):
     from .io import results
     from .io.checkpoint import CheckpointStore
 
-    store = CheckpointStore(Path(cfg.checkpoint.dir or out / "checkpoints"), keep=cfg.checkpoint.keep)
+    ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
+    # Nothing is created before the job is known to be valid: a store makes its directory.
+    store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.exists() else None
     path = out / "results.h5"
     if args.force:
-        for f in [path] + [p for _, p in store.list()]:
+        for f in [path] + ([p for _, p in store.list()] if store else []):
             f.unlink(missing_ok=True)
-        store.clean_temp()
+        if store:
+            store.clean_temp()
         return "fresh", None, store, []
     found = results.status(path)
     if found is None:
-        if store.list():
+        if store and store.list():
             raise HpcflError(f"{store.directory} holds checkpoints but {path} is missing; remove them, choose "
                              f"another --out, or pass --force to start over")
         return "fresh", None, store, []
@@ -98,6 +101,8 @@ def _plan_run(cfg, out: Path, args):
     if unnamed:
         raise HpcflError(f"resuming {out} with changed {', '.join(unnamed)}: these are safe to change; confirm with "
                          + " ".join(f"--allow-change {k}" for k in unnamed))
+    if store is None:
+        return "fresh", None, None, [f"no checkpoint in {ckpt_dir}; starting from round 0"]
     store.clean_temp()
     loaded = store.load_latest()
     notes = [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
@@ -126,13 +131,16 @@ def cmd_run(args, comm) -> int:
             configure_locking(False)
             results_io.configure(locking=False)
         if comm.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
             plan = _plan_run(cfg, out, args)
         setup = simulation.prepare(cfg, comm)
     except HpcflError as exc:
         err = exc
     _agree(comm, err)
     mode, loaded, store, notes = plan
+    if comm.rank == 0:
+        from .io.checkpoint import CheckpointStore
+        out.mkdir(parents=True, exist_ok=True)
+        store = store or CheckpointStore(Path(cfg.checkpoint.dir or out / "checkpoints"), keep=cfg.checkpoint.keep)
     mode, start = comm.bcast((mode, loaded.round if loaded else 0), root=0)
     if comm.rank == 0:
         for note in notes:

@@ -57,12 +57,15 @@ def summary_table(history: list[dict], wall: float, path) -> str:
         ("rounds", f"{len(history)}"),
         ("final test accuracy", f"{acc[evaluated][-1]:.4f}" if evaluated.any() else "n/a"),
         ("best test accuracy", f"{acc[best_i]:.4f} (round {best_i + 1})" if best_i >= 0 else "n/a"),
-        ("final train loss", f"{history[-1]['train_loss']:.4f}"),
+        ("final train loss", f"{history[-1]['train_loss']:.4f} (clients' mean local mini-batch loss)"),
         ("seconds per round", f"{phase['round']:.3f} (train {phase['train']:.3f}, reduce {phase['reduce']:.3f}, "
                               f"server {phase['server']:.3f}, eval {phase['eval']:.3f})"),
         ("wall time", f"{wall:.1f} s"),
         ("results", str(path)),
     ]
+    gtl = [h.get("global_train_loss", float("nan")) for h in history]
+    if not np.isnan(gtl[-1]):
+        rows.insert(4, ("final F(x) on train data", f"{gtl[-1]:.4f} (run.eval_train)"))
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 3 + max(len(v) for _, v in rows))
     return "\n".join([line] + [f"{k:<{w}} | {v}" for k, v in rows] + [line])

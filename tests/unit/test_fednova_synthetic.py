@@ -6,11 +6,18 @@ B = 20, lr 0.02, C = 0.3 (9 clients per round, Alg. 1 sampling), E_i(t) ~ U{1..5
 30 rounds, same seed for both algorithms (same data, init, cohorts and E draws). FedNova's
 p-weighted training loss F(x) = sum_i p_i F_i(x) of the final global model must be at most
 0.9 x FedAvg's. It is the cheapest of the three settings (about 3x fewer local steps than
-full participation with E = 5) and shows the effect with a wide margin (seed 0: about
+full participation with E = 5) and shows the effect with a wide margin at seed 0 (about
 0.26 vs 0.44, ratio ~0.6; the spec's numpy run: 0.269 vs 0.458). The two runs take about
-25 s on one core (up to ~50 s on a loaded 2-core machine), so all 30 rounds are kept:
-the curves are not monotone (a round's 9-client cohort can raise F(x)), so the final
-round is compared at the spec's round count rather than at an earlier, cherry-picked one.
+25 s on one core (up to ~50 s on a loaded 2-core machine), so all 30 rounds are kept.
+
+The seed is pinned on purpose: the synthetic data, the init, the cohorts and the E draws
+all follow run.seed, and with 9 of 30 power-law-sized clients per round the curves are
+not monotone (a cohort can raise F(x) for a few rounds; FedNova's renormalised tau_eff
+follows the largest sampled client, so its steps jump from round to round). Measured
+final-round ratios FedNova/FedAvg in this setting: seeds 0-3 -> 0.59, 0.72, 0.54, 1.17;
+in the full-participation E = 5 setting the ratio falls steadily for seeds 0-3, but that
+costs ~4x more (seed 0 has 20,101 samples: 5,095 local steps per round). So this is an
+engine regression guard at the spec's round count, not a seed-robust statistic.
 
 The bench bench/fednova_synthetic.py runs all three settings.
 """
