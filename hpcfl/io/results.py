@@ -36,13 +36,15 @@ Load a final model into torch: ``hpcfl.results.load(path).state_dict()``.
 Reading while a run is going: the writer uses HDF5 SWMR (single writer, multiple
 readers), so ``hpcfl.results.load(path)`` (or ``h5py.File(path, "r", swmr=True)``) reads
 every flushed round of a running job. After a SIGKILL at most the round in flight is
-lost. SWMR needs POSIX write ordering: on NFS or a parallel filesystem without it, set
+lost; such a file is still marked "open for write" and opens only with ``swmr=True``
+(``hpcfl.results.load`` does that; resuming the run rewrites it cleanly). SWMR needs POSIX write ordering: on NFS or a parallel filesystem without it, set
 ``[results] locking = false`` and copy the file before reading it mid-run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,24 +132,32 @@ class ResultsWriter:
         self.file.flush()
 
     def _reopen(self, rounds_done: int, attrs: dict) -> None:
-        """Continue a run: drop metric and client rows of rounds >= ``rounds_done``.
+        """Continue a run: keep metric and client rows of rounds < ``rounds_done`` only.
 
-        Those rows were written after the checkpoint the run resumes from; the resumed
-        run writes them again, bitwise the same (docs/reliability.md).
+        Those later rows were written after the checkpoint the run resumes from; the
+        resumed run writes them again, bitwise the same (docs/reliability.md). The file is
+        rebuilt, not edited: a writer killed in SWMR mode leaves the file marked "open for
+        write", which only SWMR readers accept. So the kept rows are copied into a new
+        file under a temporary name that then replaces the old one; a crash during the
+        rebuild leaves the old file as it was.
         """
+        tmp = self.path.with_name(f".{self.path.name}.resume-tmp")
+        with _open(self.path, "r", swmr=True) as old, _open(tmp, "w", libver="latest") as new:
+            for k, v in old.attrs.items():
+                new.attrs[k] = v
+            for group in ("metrics", "clients"):
+                keep = old[group]["round"][()] < rounds_done
+                g = new.create_group(group)
+                for name, ds in old[group].items():
+                    g.create_dataset(name, data=ds[()][keep], maxshape=(None,), chunks=(1024,))
+            new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
+            for k in ("world_size", "devices", "versions"):   # describe the latest attempt
+                v = attrs[k]
+                new.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+            new.attrs["status"] = "running"
+            new.attrs["resumed_at_round"] = rounds_done
+        os.replace(tmp, self.path)
         self.file = _open(self.path, "r+", libver="latest")
-        for group in ("metrics", "clients"):
-            g = self.file[group]
-            keep = int(np.count_nonzero(g["round"][()] < rounds_done))
-            for ds in g.values():
-                ds.resize((keep,))
-        if "final" in self.file:
-            del self.file["final"]
-        for k in ("world_size", "devices", "versions"):   # describe the latest attempt
-            v = attrs[k]
-            self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-        self.file.attrs["status"] = "running"
-        self.file.attrs["resumed_at_round"] = rounds_done
         self.file.swmr_mode = True
         self.file.flush()
 
