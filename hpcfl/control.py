@@ -106,9 +106,11 @@ class RunControl:
         self.watchdog.enter(name, rnd)
         self.faults.check(name, rnd)
 
-    def check_update(self, cid: int, rnd: int, delta: np.ndarray) -> str | None:
-        """None if the update may be averaged in, else why not (NaN/Inf, or norm bound)."""
-        norm = float(np.linalg.norm(delta))
+    def check_update(self, cid: int, rnd: int, norm: float) -> str | None:
+        """None if an update of L2 norm ``norm`` may be averaged in, else why not.
+
+        A NaN or Inf anywhere in the update makes its norm NaN or Inf.
+        """
         if not np.isfinite(norm):
             return f"client {cid} in round {rnd}: its update holds NaN or Inf"
         if self.guard.max_norm and norm > self.guard.max_norm:

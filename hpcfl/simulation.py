@@ -210,7 +210,8 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, rnd, cid))  # dropout and the like
             idx = s.client_index[s.client_offset[slot] : s.client_offset[slot + 1]]
             res = s.trainer.train(x0, idx, int(steps[j]), algo.solver, gen, algo.correction(slot), lr)
-            problem = control.check_update(cid, rnd, res.delta.detach().cpu().numpy())
+            norm = float(torch.linalg.vector_norm(res.delta, dtype=torch.float64))   # on the device
+            problem = control.check_update(cid, rnd, norm)
             if problem is not None:         # never averaged in: skip and record, or stop the run
                 refused.append(problem)
                 records.append((cid, float("nan"), 0.0, REJECTED))
