@@ -218,14 +218,14 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
                 continue
             acc.add(algo.contribution(slot, res, float(weights[j])))
             records.append((cid, res.loss, res.anorm, 0))
+        t1 = time.perf_counter()   # before any collective: waiting for slower ranks counts as reduce
+
+        # 5. one exact reduction of all contributions (after the guard's verdict, if it may stop)
+        control.phase("reduce", rnd)
         if cfg.guard.policy == "stop":
             refused = control.agree_guard(refused)
             if refused:
                 raise GuardStop("; ".join(refused))
-        t1 = time.perf_counter()
-
-        # 5. one exact reduction of all contributions
-        control.phase("reduce", rnd)
         sums = acc.reduce(comm, total=len(cohort), root=0)
         gathered = comm.gather(records, root=0)
         t2 = time.perf_counter()
