@@ -75,6 +75,7 @@ class AlgorithmSection:
     mu: float = field(default=0.0, metadata={"ge": 0})
     batch_size: int = field(default=32, metadata={"gt": 0})
     local_epochs: int = field(default=1, metadata={"gt": 0})
+    epoch_rounding: str = field(default="ceil", metadata={"choices": ("ceil", "floor")})  # E*ceil(n/B) | floor(E*n/B)
     local_steps: int = field(default=0, metadata={"ge": 0})
     server_lr: float = field(default=1.0, metadata={"gt": 0})
     server_momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})

@@ -85,8 +85,8 @@ class Algorithm:
         self.solver = LocalSolver(SolverSpec(a.lr, a.momentum, a.weight_decay, a.mu, a.local_lr_decay))
         self.steps = {
             "fixed": lambda: FixedSteps(a.local_steps),
-            "epochs": lambda: EpochSteps(a.local_epochs, a.batch_size),
-            "random_epochs": lambda: RandomEpochSteps(cfg.steps_options, a.batch_size, cfg.run.seed),
+            "epochs": lambda: EpochSteps(a.local_epochs, a.batch_size, a.epoch_rounding),
+            "random_epochs": lambda: RandomEpochSteps(cfg.steps_options, a.batch_size, cfg.run.seed, a.epoch_rounding),
             "client_steps": lambda: ClientSteps(cfg.steps_options, cfg.run.seed),
         }[a.steps]()
         self.weights = UniformWeights() if a.weights == "uniform" else SizeWeights()

@@ -16,22 +16,29 @@ import numpy as np
 from .. import rng
 
 
-def _epoch_batches(sizes: np.ndarray, batch_size: int) -> np.ndarray:
-    """ceil(n_i / B): mini-batches in one epoch, including a partial last batch."""
-    return -(-sizes.astype(np.int64) // batch_size)
+def epoch_steps(epochs: np.ndarray | int, sizes: np.ndarray, batch_size: int, rounding: str = "ceil") -> np.ndarray:
+    """Local steps of E epochs over n_i samples with batch B (fednova.md 3.8, A2).
+
+    "ceil": E * ceil(n_i / B), full epochs including a partial last batch (FedNova's
+    [CODE], the default); "floor": max(1, floor(E * n_i / B)), the paper's formula.
+    """
+    n = sizes.astype(np.int64)
+    if rounding == "floor":
+        return np.maximum(1, (np.asarray(epochs, dtype=np.int64) * n) // batch_size)
+    return np.asarray(epochs, dtype=np.int64) * -(-n // batch_size)
 
 
 class EpochSteps:
-    """tau_i = E * ceil(n_i / B): E full epochs including the partial last batch.
+    """tau_i = E epochs of the client's data (see :func:`epoch_steps` for the rounding).
 
-    FedNova's [CODE] convention (fednova.md 3.8, A2); FedAvg's "E local epochs".
+    FedAvg's "E local epochs"; FedNova's CIFAR setting E_i = 2.
     """
 
-    def __init__(self, epochs: int, batch_size: int):
-        self.epochs, self.batch_size = epochs, batch_size
+    def __init__(self, epochs: int, batch_size: int, rounding: str = "ceil"):
+        self.epochs, self.batch_size, self.rounding = epochs, batch_size, rounding
 
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        return self.epochs * _epoch_batches(sizes, self.batch_size)
+        return epoch_steps(self.epochs, sizes, self.batch_size, self.rounding)
 
 
 class FixedSteps:
@@ -56,21 +63,21 @@ class RandomEpochsOptions:
 
 
 class RandomEpochSteps:
-    """tau_i(t) = E_i(t) * ceil(n_i / B), E_i(t) ~ U{low..high} (fednova.md 4.2, A1).
+    """tau_i(t) = E_i(t) epochs, E_i(t) ~ U{low..high} (fednova.md 4.2, A1).
 
     The CIFAR setting E ~ U(2,5) and the synthetic E ~ U(1,5) of the FedNova paper. The
     draw is keyed by (seed, round, client), never by rank or list position.
     """
 
-    def __init__(self, opts: RandomEpochsOptions, batch_size: int, seed: int):
-        self.opts, self.batch_size, self.seed = opts, batch_size, seed
+    def __init__(self, opts: RandomEpochsOptions, batch_size: int, seed: int, rounding: str = "ceil"):
+        self.opts, self.batch_size, self.seed, self.rounding = opts, batch_size, seed, rounding
 
     def epochs(self, rnd: int, clients: np.ndarray) -> np.ndarray:
         return np.array([rng.numpy_rng(self.seed, rng.STEPS, rnd, c).integers(self.opts.low, self.opts.high + 1)
                          for c in clients], dtype=np.int64)
 
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        return self.epochs(rnd, clients) * _epoch_batches(sizes, self.batch_size)
+        return epoch_steps(self.epochs(rnd, clients), sizes, self.batch_size, self.rounding)
 
 
 @dataclass(frozen=True)

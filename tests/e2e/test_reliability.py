@@ -132,3 +132,14 @@ def test_another_jobs_results_are_never_overwritten(ref, tmp_path):
     assert (out / "results.h5").read_bytes() == before
     p = hpcfl("run", jobfile, "--out", str(out), "--set", "algorithm.lr=0.1", "--force")
     assert p.returncode == 0
+
+
+def test_without_file_locking_kill_and_resume_still_match(ref, tmp_path):
+    # results.locking = false: for filesystems without locking (HDF5_USE_FILE_LOCKING=FALSE)
+    jobfile, out = job(tmp_path), tmp_path / "out"
+    p = hpcfl("run", jobfile, "--out", str(out), "--set", "results.locking=false",
+              env={"HPCFL_FAULT": "0:eval:5:kill"})
+    assert p.returncode == -signal.SIGKILL
+    p = hpcfl("run", jobfile, "--out", str(out), "--set", "results.locking=false")
+    assert p.returncode == 0 and "resuming from ckpt-00000004.h5" in p.stdout, p.stderr
+    assert_same_run(ref / "out", out)

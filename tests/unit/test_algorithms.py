@@ -132,6 +132,8 @@ def test_steps_and_weights_policies():
     sizes = np.array([1, 32, 33, 100])
     ids = np.arange(4)
     assert EpochSteps(2, 32)(0, ids, sizes).tolist() == [2, 2, 4, 8]
+    # the paper's floor(E n / B), at least one step: 2/32 -> 1, 64/32 = 2, 66/32 -> 2, 200/32 -> 6
+    assert EpochSteps(2, 32, "floor")(0, ids, sizes).tolist() == [1, 2, 2, 6]
     assert FixedSteps(5)(0, ids, sizes).tolist() == [5, 5, 5, 5]
     assert SizeWeights()(0, ids, sizes).tolist() == [1, 32, 33, 100]
     assert UniformWeights()(0, ids, sizes).tolist() == [1, 1, 1, 1]
