@@ -102,8 +102,6 @@ class ExactSum:
     accumulator for the whole run.
     """
 
-    exact = True
-
     def __init__(self, length: int):
         self.length = int(length)
         self._pool: list[np.ndarray] = []   # row buffers, reused across reset()
@@ -183,8 +181,6 @@ def dequantize(qsum: np.ndarray, shift: np.ndarray) -> np.ndarray:
 
 class FloatSum:
     """Plain float64 running sum and ``Allreduce(SUM)``: fast, not bitwise reproducible."""
-
-    exact = False
 
     def __init__(self, length: int):
         self.length = int(length)

@@ -234,7 +234,7 @@ def read_job(path: str | Path) -> dict:
         raise ConfigError(f"job file {str(path)!r} is not valid TOML: {exc}") from None
 
 
-def _split(table: dict, cls, where: str, problems: list[str]) -> tuple[dict, dict]:
+def _split(table: dict, cls) -> tuple[dict, dict]:
     """Separate a section's own keys from its component sub-tables."""
     own = {f.name for f in dataclasses.fields(cls)}
     plain, subs = {}, {}
@@ -246,7 +246,7 @@ def _split(table: dict, cls, where: str, problems: list[str]) -> tuple[dict, dic
     return plain, subs
 
 
-def _component(kind: str, name: str, subs: dict, chosen: list[str], where: str, problems: list[str]):
+def _component(kind: str, name: str, subs: dict, where: str, problems: list[str]):
     """Build the options of component ``name`` from its sub-table."""
     from . import data, models
 
@@ -271,11 +271,11 @@ def from_dict(table: dict) -> Config:
     t = {k: v for k, v in table.items() if isinstance(v, dict)}
 
     run = build(RunSection, t.get("run"), "run", problems)
-    data_plain, data_subs = _split(t.get("data"), DataSection, "data", problems)
+    data_plain, data_subs = _split(t.get("data"), DataSection)
     data = build(DataSection, data_plain, "data", problems)
-    model_plain, model_subs = _split(t.get("model"), ModelSection, "model", problems)
+    model_plain, model_subs = _split(t.get("model"), ModelSection)
     model = build(ModelSection, model_plain, "model", problems)
-    alg_table, alg_subs = _split(t.get("algorithm"), AlgorithmSection, "algorithm", problems)
+    alg_table, alg_subs = _split(t.get("algorithm"), AlgorithmSection)
     preset = alg_table.get("name", "fedavg")
     for slot, value in PRESETS.get(preset, {}).items():
         alg_table.setdefault(slot, value)
@@ -310,8 +310,8 @@ def from_dict(table: dict) -> Config:
 
     dataset_options = partition_options = model_options = None
     if data is not None:
-        dataset_options = _component("dataset", data.dataset, data_subs, [], "data", problems)
-        partition_options = _component("partition", data.partition, data_subs, [], "data", problems)
+        dataset_options = _component("dataset", data.dataset, data_subs, "data", problems)
+        partition_options = _component("partition", data.partition, data_subs, "data", problems)
         for name in data_subs:
             if name not in (data.dataset, data.partition):
                 problems.append(
@@ -319,7 +319,7 @@ def from_dict(table: dict) -> Config:
                     f"{data.partition!r}; rename the table or choose that component"
                 )
     if model is not None:
-        model_options = _component("model", model.name, model_subs, [], "model", problems)
+        model_options = _component("model", model.name, model_subs, "model", problems)
         for name in model_subs:
             if name != model.name:
                 problems.append(f"[model.{name}] is given but model.name = {model.name!r}; rename the table")

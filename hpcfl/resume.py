@@ -47,19 +47,15 @@ def capture(s, x: np.ndarray) -> dict | None:
 def restore(s, arrays: dict | None) -> np.ndarray:
     """Load a checkpoint's arrays (given on rank 0) into every rank; returns the model x."""
     comm, algo = s.comm, s.algo
+    payload = parts = None
     if comm.rank == 0:
-        x = arrays["model"]
         if "server_buf" in arrays:
             algo.server_opt.buf = arrays["server_buf"]
-        parts = None
-        if "client_state" in arrays:
-            full = arrays["client_state"]
-            parts = [full[s.owner == r] for r in range(comm.size)]
-        payload = (x, arrays.get("server_c"), parts)
-    else:
-        payload = None
-    x, server_c, parts = comm.bcast(payload[:2] + (None,) if payload else None, root=0)
-    rows = comm.scatter(payload[2] if payload and payload[2] is not None else None, root=0)
+        if "client_state" in arrays:   # rows of each rank's clients, for the new placement
+            parts = [arrays["client_state"][s.owner == r] for r in range(comm.size)]
+        payload = (arrays["model"], arrays.get("server_c"))
+    x, server_c = comm.bcast(payload, root=0)
+    rows = comm.scatter(parts, root=0)
     if algo.state is not None and server_c is not None:
         algo.state.c.copy_(torch.from_numpy(server_c))
         table = _client_table(algo)

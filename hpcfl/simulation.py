@@ -21,9 +21,11 @@ import numpy as np
 import torch
 
 from . import rng
-from .algorithms import Algorithm
+from .algorithms import SCALARS, Algorithm
 from .client.trainer import Trainer, evaluate_chunks
 from .comm import ExactSum, make_sum, node_layout, owners
+from .config import GuardSection
+from .control import RunControl
 from .errors import ConfigError
 from .params import FlatModel
 from .runtime import pick_device, pick_threads
@@ -175,9 +177,6 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     phases, guards and the stop agreement; ``checkpoint(rounds_done, x, sim_time)`` is a
     collective called at round ends when one is due, on a stop, and after the last round.
     """
-    from .config import GuardSection
-    from .control import RunControl
-
     cfg, comm, algo = s.cfg, s.comm, s.algo
     control = control or RunControl(comm, GuardSection(), 0.0)
     seed, N, B = cfg.run.seed, cfg.data.num_clients, cfg.algorithm.batch_size
@@ -280,8 +279,6 @@ def _train_eval_set(s: Setup) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _round_records(algo, sums, gathered, cohort, weights, steps, plan, rnd, lr, diag):
     """Round metrics (without test and timing fields) and per-client rows, on rank 0."""
-    from .algorithms import SCALARS
-
     sc = dict(zip(SCALARS, algo.layout.split(sums)["scalars"]))
     done = {cid: (loss, anorm, code) for part in gathered for cid, loss, anorm, code in part}
     ok = {c for c, (_, _, code) in done.items() if code == 0}

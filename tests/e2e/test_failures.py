@@ -1,6 +1,5 @@
 """No hangs, guarded inputs, bad configs: every failure ends every rank, quickly and clearly."""
 
-import json
 import time
 
 import numpy as np

@@ -143,3 +143,15 @@ def test_without_file_locking_kill_and_resume_still_match(ref, tmp_path):
     p = hpcfl("run", jobfile, "--out", str(out), "--set", "results.locking=false")
     assert p.returncode == 0 and "resuming from ckpt-00000004.h5" in p.stdout, p.stderr
     assert_same_run(ref / "out", out)
+
+
+def test_stateless_algorithm_resumes_bitwise_on_two_ranks(tmp_path):
+    # FedAvg without server momentum: no server or client state, only the model to restore.
+    jobfile = job(tmp_path)
+    plain = ["--set", "algorithm.name=fedavg", "--set", "algorithm.server_momentum=0"]
+    assert hpcfl("run", jobfile, "--out", str(tmp_path / "ref"), *plain).returncode == 0
+    p = hpcfl("run", jobfile, "--out", str(tmp_path / "out"), *plain, env={"HPCFL_FAULT": "0:train:5:kill"})
+    assert p.returncode == -signal.SIGKILL
+    p = hpcfl("run", jobfile, "--out", str(tmp_path / "out"), *plain, ranks=2)
+    assert p.returncode == 0 and "resuming from ckpt-00000004.h5" in p.stdout, p.stderr
+    assert_same_run(tmp_path / "ref", tmp_path / "out")

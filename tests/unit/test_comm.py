@@ -1,6 +1,5 @@
 """Exact, order-independent reduction (hpcfl.comm.ExactSum) and client placement."""
 
-import math
 from fractions import Fraction
 
 import numpy as np

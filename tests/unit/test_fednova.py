@@ -14,7 +14,7 @@ from runner import run_memory
 
 from hpcfl.algorithms.local import LocalSolver, SolverSpec
 from hpcfl.algorithms.policies import ClientSteps, ClientStepsOptions, RandomEpochsOptions, RandomEpochSteps
-from hpcfl.algorithms.server import AverageRule, NovaOptions, NovaRule, ServerOptimizer
+from hpcfl.algorithms.server import AverageRule, NovaOptions, NovaRule
 
 D = torch.float64
 TWO = {
