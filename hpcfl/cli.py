@@ -113,7 +113,7 @@ def _plan_run(cfg, out: Path, args):
 
 
 def cmd_run(args, comm) -> int:
-    from . import config, resume, simulation
+    from . import config, resume, signals, simulation
     from .control import EXIT_GUARD, EXIT_RESUMABLE, RunControl
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
@@ -145,6 +145,7 @@ def cmd_run(args, comm) -> int:
         for note in notes:
             print(f"hpcfl: {note}", flush=True)
     if mode == "done":
+        signals.ignore()
         if comm.rank == 0:
             print(f"hpcfl: {out} is already finished ({start} rounds); nothing to do", flush=True)
         return 0
@@ -206,6 +207,8 @@ def cmd_run(args, comm) -> int:
         writer.write_final(x, setup.model.names, setup.model.shapes)
         writer.close()
         progress.close()
+    signals.ignore()   # finished: a stop signal from here on changes nothing
+    if comm.rank == 0:
         print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
     return 0
 

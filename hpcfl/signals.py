@@ -24,3 +24,14 @@ def install() -> None:
 def stop_requested():
     """Name of the first stop signal received, or None."""
     return _requested[0] if _requested else None
+
+
+def ignore() -> None:
+    """Once the run's results are complete: a late stop signal must not turn exit 0 into a kill.
+
+    At interpreter shutdown CPython resets Python-level handlers to the default (death by
+    the signal, 143 for SIGTERM, which a requeue script reads as a failure); an explicit
+    SIG_IGN is left alone.
+    """
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
