@@ -156,11 +156,11 @@ def cmd_run(args, comm) -> int:
     writer = progress = None
     history: list[dict] = []
     if comm.rank == 0:
-        from . import data
-        counts = data.class_counts(setup.dataset.y_train, setup.parts, setup.dataset.num_classes)
+        counts = setup.class_counts
         attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "versions": versions(),
                  "world_size": comm.size, "devices": devices, "seed": cfg.run.seed}
-        writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None)
+        writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
+                               metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
         history = metric_rows(out / "results.h5") if mode == "resume" else []
         progress = Progress(cfg.run.rounds, cfg.runtime.progress)
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "

@@ -216,3 +216,67 @@ def node_layout(comm) -> tuple[int, int]:
         return local.rank, local.size
     finally:
         local.Free()
+
+
+class Collectives:
+    """Collectives a policy may ask for, over ``comm``, without importing MPI.
+
+    Every method is a collective: all ranks call it, in the same order, with the same
+    ``name``-independent arguments (``total``, ``length``, ``k``). Results are identical on
+    every rank and do not depend on the number of ranks or on client placement.
+
+    Parameters
+    ----------
+    comm : MPI communicator
+    mode : {"exact", "float"}
+        ``runtime.reduce``: sums go through :class:`ExactSum` or :class:`FloatSum`.
+    """
+
+    def __init__(self, comm, mode: str = "exact"):
+        self.comm, self.mode = comm, mode
+        self.calls: list[str] = []   # names of the collectives run (tests count traffic)
+
+    def sum(self, name: str, rows: list[np.ndarray], length: int, total: int) -> np.ndarray:
+        """Sum of the float64 ``rows`` (each (length,)) of every rank, on every rank.
+
+        ``total`` is the number of rows over all ranks (it sets the exact grid).
+        """
+        self.calls.append(name)
+        acc = make_sum(self.mode, length)
+        for row in rows:
+            acc.add(row)
+        return acc.reduce(self.comm, total=total, root=None)
+
+    def sum_int(self, name: str, vec: np.ndarray) -> np.ndarray:
+        """Element-wise sum of an int64 vector over ranks (exact: integers), on every rank."""
+        MPI = mpi_module()
+        self.calls.append(name)
+        out = np.ascontiguousarray(vec, dtype=np.int64).copy()
+        self.comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+        return out
+
+    def gather(self, name: str, positions: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+        """Rows owned by each rank placed at their positions: a (k, width) array on every rank.
+
+        ``positions`` (m,) are indices into 0..k-1 held by this rank, ``values`` (m, width)
+        their rows. Each position must be held by exactly one rank. Values are placed, not
+        summed, so they arrive bit for bit.
+        """
+        self.calls.append(name)
+        values = np.asarray(values, dtype=np.float64).reshape(len(positions), -1)
+        parts = self.comm.allgather((np.asarray(positions, dtype=np.int64), values))
+        width = max((v.shape[1] for _, v in parts if v.size), default=values.shape[1])
+        out = np.full((k, width), np.nan)
+        seen = np.zeros(k, dtype=np.int64)
+        for pos, vals in parts:
+            out[pos] = vals
+            seen[pos] += 1
+        if np.any(seen != 1):
+            raise RuntimeError(f"collective {name!r}: positions {np.flatnonzero(seen != 1).tolist()} were not "
+                               f"given by exactly one rank")
+        return out
+
+    def bcast(self, name: str, obj, root: int = 0):
+        """``obj`` from ``root`` on every rank (a picklable object)."""
+        self.calls.append(name)
+        return self.comm.bcast(obj, root=root)

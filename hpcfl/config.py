@@ -22,20 +22,15 @@ from pathlib import Path
 from .errors import ConfigError
 from .options import build
 
-LOCAL_SOLVERS = ("sgd", "prox", "scaffold", "vr")
-STEPS_POLICIES = ("epochs", "fixed", "random_epochs", "client_steps")
-WEIGHTS_POLICIES = ("size", "uniform")
-SERVER_RULES = ("average", "nova")
-SAMPLING = ("uniform", "with_replacement", "unbiased")
+from .algorithms import registry
 
-# Paper algorithms as presets over the four policy slots (ARCHITECTURE section 2).
-PRESETS = {
-    "fedavg": {"local": "sgd", "weights": "size", "server": "average"},
-    "fedprox": {"local": "prox", "weights": "size", "server": "average"},
-    "scaffold": {"local": "scaffold", "weights": "size", "server": "average"},
-    "fednova": {"local": "sgd", "weights": "size", "server": "nova"},
-    "custom": {},
-}
+LOCAL_SOLVERS = tuple(registry.LOCAL)
+STEPS_POLICIES = tuple(registry.STEPS)
+WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
+SERVER_RULES = tuple(registry.SERVER)
+SAMPLING = ("uniform", "with_replacement", "unbiased")
+PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (ARCHITECTURE section 2)
+POLICY_SLOTS = ("local", "steps", "weights", "server")
 
 
 @dataclass(frozen=True)
@@ -100,6 +95,11 @@ class AlgorithmSection:
             p.append("algorithm.steps = 'fixed' needs algorithm.local_steps > 0")
         if self.steps == "epochs" and self.local_steps > 0:
             p.append("algorithm.local_steps is set but algorithm.steps = 'epochs'; drop one of them")
+        from .algorithms.sampling import STATIC_WEIGHTS
+        if self.sampling != "uniform" and self.weights not in STATIC_WEIGHTS:
+            p.append(f"algorithm.sampling = {self.sampling!r} weights each draw by the sampling itself and is "
+                     f"defined for weights = 'size' or 'uniform' only, not {self.weights!r} (weights computed "
+                     f"over each round's sampled set); use algorithm.sampling = 'uniform'")
         return p
 
 
@@ -154,8 +154,7 @@ class Config:
     dataset_options: object
     partition_options: object
     model_options: object
-    steps_options: object = None     # [algorithm.<steps>] for policies with options
-    server_options: object = None    # [algorithm.<server>] for rules with options
+    policy_options: dict = field(default_factory=dict)   # slot -> [algorithm.<chosen name>] options
     system: object = None            # hpcfl.system.SystemOptions
     checkpoint: CheckpointSection = CheckpointSection()
     guard: GuardSection = GuardSection()
@@ -172,10 +171,8 @@ class Config:
         d["data"][self.data.dataset] = dataclasses.asdict(self.dataset_options)
         d["data"][self.data.partition] = dataclasses.asdict(self.partition_options)
         d["model"][self.model.name] = dataclasses.asdict(self.model_options)
-        if self.steps_options is not None:
-            d["algorithm"][self.algorithm.steps] = dataclasses.asdict(self.steps_options)
-        if self.server_options is not None:
-            d["algorithm"][self.algorithm.server] = dataclasses.asdict(self.server_options)
+        for slot, opts in self.policy_options.items():
+            d["algorithm"][getattr(self.algorithm, slot)] = dataclasses.asdict(opts)
         return _drop_none(d)
 
     def to_json(self) -> str:
@@ -291,22 +288,18 @@ def from_dict(table: dict) -> Config:
     extra = {name: build(cls, t.get(name), name, problems) for name, cls in
              (("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
               ("results", ResultsSection))}
-    steps_options = server_options = None
+    policy_options = {}
     if algorithm is not None:
-        from .algorithms.policies import STEPS_OPTIONS
-        from .algorithms.server import NovaOptions
-
-        with_options = {algorithm.steps: STEPS_OPTIONS.get(algorithm.steps),
-                        algorithm.server: NovaOptions if algorithm.server == "nova" else None}
+        chosen = {slot: getattr(algorithm, slot) for slot in POLICY_SLOTS}
         for name in alg_subs:
-            if with_options.get(name) is None:
+            if name not in chosen.values() or name not in registry.OPTIONS:
                 problems.append(f"[algorithm.{name}] is given but no chosen policy of that name takes options "
-                                f"(steps = {algorithm.steps!r}, server = {algorithm.server!r}); rename or drop it")
-        if STEPS_OPTIONS.get(algorithm.steps):
-            steps_options = build(STEPS_OPTIONS[algorithm.steps], alg_subs.get(algorithm.steps),
-                                  f"algorithm.{algorithm.steps}", problems)
-        if algorithm.server == "nova":
-            server_options = build(NovaOptions, alg_subs.get("nova"), "algorithm.nova", problems)
+                                f"({', '.join(f'{k} = {v!r}' for k, v in chosen.items())}); rename or drop it")
+        for slot, name in chosen.items():
+            if name in registry.OPTIONS:
+                opts = build(registry.OPTIONS[name], alg_subs.get(name), f"algorithm.{name}", problems)
+                if opts is not None:
+                    policy_options[slot] = opts
 
     dataset_options = partition_options = model_options = None
     if data is not None:
@@ -331,7 +324,7 @@ def from_dict(table: dict) -> Config:
     if problems:
         raise ConfigError(problems)
     return Config(run, data, model, algorithm, runtime, dataset_options, partition_options, model_options,
-                  steps_options, server_options, system, **extra)
+                  policy_options, system, **extra)
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:

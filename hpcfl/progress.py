@@ -52,14 +52,15 @@ def summary_table(history: list[dict], wall: float, path) -> str:
     acc = np.array([h["test_accuracy"] for h in history], dtype=np.float64)
     evaluated = ~np.isnan(acc)
     best_i = int(np.nanargmax(acc)) if evaluated.any() else -1
-    phase = {k: np.mean([h[f"time_{k}"] for h in history]) for k in ("train", "reduce", "server", "eval", "round")}
+    phases = ("decide", "train", "reduce", "server", "eval", "round")
+    phase = {k: np.mean([h.get(f"time_{k}", 0.0) for h in history]) for k in phases}
     rows = [
         ("rounds", f"{len(history)}"),
         ("final test accuracy", f"{acc[evaluated][-1]:.4f}" if evaluated.any() else "n/a"),
         ("best test accuracy", f"{acc[best_i]:.4f} (round {best_i + 1})" if best_i >= 0 else "n/a"),
         ("final train loss", f"{history[-1]['train_loss']:.4f} (clients' mean local mini-batch loss)"),
-        ("seconds per round", f"{phase['round']:.3f} (train {phase['train']:.3f}, reduce {phase['reduce']:.3f}, "
-                              f"server {phase['server']:.3f}, eval {phase['eval']:.3f})"),
+        ("seconds per round", f"{phase['round']:.3f} (decide {phase['decide']:.3f}, train {phase['train']:.3f}, "
+                              f"reduce {phase['reduce']:.3f}, server {phase['server']:.3f}, eval {phase['eval']:.3f})"),
         ("wall time", f"{wall:.1f} s"),
         ("results", str(path)),
     ]

@@ -1,64 +1,56 @@
 """Engine state to and from checkpoints (docs/reliability.md).
 
-:func:`capture` and :func:`restore` are collectives. Per-client state (SCAFFOLD c_i,
-FedNova-VR h_i) is gathered from the owning ranks in client-id order, so a run can
-resume on any number of ranks and any placement.
+:func:`capture` and :func:`restore` are collectives. They know nothing of particular
+algorithms: every policy declares its state (:mod:`hpcfl.algorithms.protocol`) as
+:class:`ClientTable` s, gathered from the owning ranks in client-id order and stored as
+``clients.<name>`` (N, width), and :class:`ServerArray` s stored as ``server.<name>``.
+So a run resumes on any number of ranks and any placement.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from .algorithms.local import ScaffoldState, VRState
-
-
-def _client_table(algo):
-    """This rank's per-client state tensor (clients on rank, P), or None."""
-    st = algo.state
-    if isinstance(st, ScaffoldState):
-        return st._table()
-    if isinstance(st, VRState):
-        return st.h_local
-    return None
+from .algorithms.protocol import ClientTable, ServerArray
 
 
 def capture(s, x: np.ndarray) -> dict | None:
     """Arrays of the checkpoint after the current round; on rank 0, None elsewhere."""
-    comm, algo = s.comm, s.algo
-    table = _client_table(algo)
+    comm = s.comm
     mine = np.flatnonzero(s.owner == comm.rank)
-    local = None if table is None else (mine, table.detach().cpu().numpy())
-    gathered = comm.gather(local, root=0)
+    items = s.algo.state()
+    tables = [(it.name, it.get()) for it in items if isinstance(it, ClientTable)]
+    gathered = comm.gather((mine, tables), root=0)
     if comm.rank != 0:
         return None
     arrays = {"model": np.asarray(x)}
-    if algo.server_opt.buf is not None:
-        arrays["server_buf"] = algo.server_opt.buf
-    if algo.state is not None:
-        arrays["server_c"] = algo.state.c.detach().cpu().numpy()
-        full = np.zeros((len(s.owner), algo.num_params), dtype=gathered[0][1].dtype)
-        for ids, rows in gathered:
-            full[ids] = rows
-        arrays["client_state"] = full
+    for it in items:
+        if isinstance(it, ServerArray) and it.get() is not None:
+            arrays[f"server.{it.name}"] = np.asarray(it.get())
+    for t, (name, rows) in enumerate(tables):
+        full = np.zeros((len(s.owner), rows.shape[1]), dtype=rows.dtype)
+        for ids, parts in gathered:
+            full[ids] = parts[t][1]
+        arrays[f"clients.{name}"] = full
     return arrays
 
 
 def restore(s, arrays: dict | None) -> np.ndarray:
     """Load a checkpoint's arrays (given on rank 0) into every rank; returns the model x."""
-    comm, algo = s.comm, s.algo
+    comm = s.comm
+    items = s.algo.state()
     payload = parts = None
     if comm.rank == 0:
-        if "server_buf" in arrays:
-            algo.server_opt.buf = arrays["server_buf"]
-        if "client_state" in arrays:   # rows of each rank's clients, for the new placement
-            parts = [arrays["client_state"][s.owner == r] for r in range(comm.size)]
-        payload = (arrays["model"], arrays.get("server_c"))
-    x, server_c = comm.bcast(payload, root=0)
+        server = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("server.")}
+        tables = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("clients.")}
+        # rows of each rank's clients, for the new placement
+        parts = [{name: full[s.owner == r] for name, full in tables.items()} for r in range(comm.size)]
+        payload = (arrays["model"], server)
+    x, server = comm.bcast(payload, root=0)
     rows = comm.scatter(parts, root=0)
-    if algo.state is not None and server_c is not None:
-        algo.state.c.copy_(torch.from_numpy(server_c))
-        table = _client_table(algo)
-        if rows is not None:
-            table.copy_(torch.from_numpy(rows))
+    for it in items:
+        if isinstance(it, ServerArray) and it.name in server:
+            it.set(server[it.name])
+        elif isinstance(it, ClientTable) and it.name in rows:
+            it.set(rows[it.name])
     return np.array(x, copy=True)

@@ -17,6 +17,7 @@ MODEL_INIT = 3
 STEPS = 4
 WEIGHTS = 5
 EVAL = 6
+STATS = 7   # samples drawn by a statistics phase before training
 
 
 def seed_sequence(seed: int, stream: int, rnd: int = 0, client: int = 0) -> np.random.SeedSequence:

@@ -4,12 +4,18 @@
 :func:`run` is the loop, readable top to bottom:
 
 1. cohort      seeded by (seed, round); identical on every rank
-2. decisions   steps tau_i and weights p_i for the whole cohort, on every rank
+2. decisions   weights p_i over the sampled set, the statistics phase (per-client
+               quantities at the round-start model, reduced exactly), steps tau_i, and
+               the simulated clock's plan; identical on every rank
 3. train       each rank trains its own cohort clients, one after another
-4. pack        each client's contribution is one row [delta | extras | scalars]
-5. reduce      one exact, order-independent sum over all ranks, to rank 0
-6. server      rank 0 applies the server rule and optimizer; broadcast to all
+4. pack        each client's contribution is one row [delta | policy segments | scalars]
+5. reduce      one exact, order-independent sum over all ranks
+6. server      rank 0 applies the server rule, optimizer and policies' server state;
+               the controllers decide for the next round; model, state and decisions
+               are broadcast
 7. evaluate    test chunks split over ranks, counts reduced exactly; rank 0 records
+
+The hooks and their order are documented in :mod:`hpcfl.algorithms.protocol`.
 """
 
 from __future__ import annotations
@@ -22,44 +28,14 @@ import torch
 
 from . import rng
 from .algorithms import SCALARS, Algorithm
-from .client.trainer import Trainer, evaluate_chunks
-from .comm import ExactSum, make_sum, node_layout, owners
+from .algorithms.protocol import RoundContext
+from .client.trainer import LocalClients, Trainer, evaluate_chunks
+from .comm import Collectives, ExactSum, make_sum, node_layout, owners
 from .config import GuardSection
 from .control import RunControl
 from .errors import ConfigError
 from .params import FlatModel
 from .runtime import pick_device, pick_threads
-
-
-def sample_cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> np.ndarray:
-    """Sorted ids of the clients in round ``rnd``: uniform without replacement, or all."""
-    if per_round == 0 or per_round >= num_clients:
-        return np.arange(num_clients, dtype=np.int64)
-    gen = rng.numpy_rng(seed, rng.COHORT, rnd)
-    return np.sort(gen.choice(num_clients, size=per_round, replace=False)).astype(np.int64)
-
-
-def cohort_and_weights(cfg, rnd: int, all_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The round's cohort (sorted, unique) and each member's aggregation weight.
-
-    ``all_weights`` (N,) are the weights policy's w_i for every client. Sampling modes
-    (fednova.md 3.4): "uniform" takes q clients without replacement and keeps w_i (the
-    server renormalises by their sum, Alg. 1); "with_replacement" draws q clients with
-    probability p_i = w_i / sum w and weights each draw 1/q (a client drawn k times gets
-    k/q); "unbiased" samples uniformly without replacement with weight p_i N / q (the
-    server does not renormalise).
-    """
-    a, n = cfg.algorithm, len(all_weights)
-    q = a.clients_per_round
-    if a.sampling == "with_replacement":
-        gen = rng.numpy_rng(cfg.run.seed, rng.COHORT, rnd)
-        draws = gen.choice(n, size=q, replace=True, p=all_weights / all_weights.sum())
-        cohort, counts = np.unique(draws, return_counts=True)
-        return cohort.astype(np.int64), counts / q
-    cohort = sample_cohort(cfg.run.seed, rnd, n, q)
-    if a.sampling == "unbiased":
-        return cohort, all_weights[cohort] / all_weights.sum() * n / q
-    return cohort, all_weights[cohort]
 
 
 @dataclass
@@ -82,6 +58,7 @@ class Setup:
     x_test: torch.Tensor
     y_test: torch.Tensor
     threads: int
+    class_counts: np.ndarray = None   # (N, C) label counts per client
     system: object = None  # hpcfl.system.SystemModel when [system] enabled
 
 
@@ -123,19 +100,20 @@ def prepare(cfg, comm) -> Setup:
         from .data.augment import augment_batch
         augment = augment_batch
     trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
-    algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype)
+    algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype, sizes)
     system = None
     if cfg.system is not None and cfg.system.enabled:
         from .system import SystemModel
-        nbytes = model.length * model.flat.element_size()
-        up = nbytes * (2 if cfg.algorithm.local in ("scaffold",) else 1)   # SCAFFOLD also sends Delta c
-        down = nbytes * (2 if cfg.algorithm.local in ("scaffold", "vr") else 1)  # and receives c / hbar
-        system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=up,
-                             download_bytes=down, base_dir=cfg.job_dir)
+        item = model.flat.element_size()
+        nbytes = model.length * item
+        up, down = algo.transfer()          # the policies' extra floats each way (SCAFFOLD: Delta c, c)
+        system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
+                             download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
+    counts = data.class_counts(ds.y_train, parts, ds.num_classes)
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads, system)
+                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system)
 
 
 def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -168,6 +146,16 @@ class GuardStop(Exception):
 REJECTED = 5  # /clients/dropped code of an update refused by the guard
 
 
+def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> RoundContext:
+    """The round's cohort and everything the policies see (before any decision)."""
+    cohort, draws = s.algo.sampler.cohort(rnd)
+    mine = np.flatnonzero(s.owner[cohort] == s.comm.rank)
+    log = (lambda msg: print(f"hpcfl: round {rnd + 1}: {msg}", flush=True)) if s.comm.rank == 0 else (lambda msg: None)
+    return RoundContext(rnd, s.cfg.run.rounds, s.cfg.run.seed, cohort, s.sizes[cohort], s.sizes, s.class_counts,
+                        lr, mine, s.slot[cohort], collective, np.flatnonzero(s.owner == s.comm.rank),
+                        LocalClients(s, rnd, cohort), draws, log=log)
+
+
 def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.ndarray | None = None,
         control=None, checkpoint=None) -> np.ndarray:
     """Run rounds ``start .. rounds-1``; returns the final flat model (every rank).
@@ -179,43 +167,45 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     """
     cfg, comm, algo = s.cfg, s.comm, s.algo
     control = control or RunControl(comm, GuardSection(), 0.0)
-    seed, N, B = cfg.run.seed, cfg.data.num_clients, cfg.algorithm.batch_size
+    seed, B = cfg.run.seed, cfg.algorithm.batch_size
     x = s.model.numpy() if x is None else x      # global model; authoritative on rank 0
     comm.Bcast(x, root=0)
-    extra = algo.broadcast_extra()
+    collective = Collectives(comm, cfg.runtime.reduce)
     acc = make_sum(cfg.runtime.reduce, algo.layout.length)   # buffers kept across rounds
-    all_weights = algo.weights(-1, np.arange(N), s.sizes)
     train_eval = _train_eval_set(s) if cfg.run.eval_train else None
+    algo.setup(round_context(s, start, collective, algo.lr))
     every = cfg.checkpoint.every
     for rnd in range(start, cfg.run.rounds):
         t0 = time.perf_counter()
-        control.phase("train", rnd)
-        # 1-2. cohort, weights, steps, and what the simulated clients' systems allow
-        cohort, weights = cohort_and_weights(cfg, rnd, all_weights)
-        steps = algo.steps(rnd, cohort, s.sizes[cohort])
-        plan = s.system.plan(rnd, cohort, steps, B) if s.system is not None else None
-        if plan is not None:
-            steps = plan.steps
-            sim_time += plan.duration_s
-        lr = algo.begin_round(rnd, cfg.run.rounds)
+        # 1-2. cohort; weights, statistics phase, steps; what the simulated systems allow
+        control.phase("decide", rnd)
+        ctx = round_context(s, rnd, collective, algo.begin_round(rnd, cfg.run.rounds))
+        x0 = torch.from_numpy(x).to(s.device)
+        ctx.clients.x0 = x0
+        algo.decide(ctx)
+        if s.system is not None:
+            ctx.plan = s.system.plan(rnd, ctx.cohort, ctx.steps, B)
+            ctx.steps = ctx.plan.steps
+            sim_time += ctx.plan.duration_s
+        t_decide = time.perf_counter()
 
         # 3-4. local training of this rank's cohort clients, one contribution row each
-        x0 = torch.from_numpy(x).to(s.device)
+        control.phase("train", rnd)
         acc.reset()
         records, refused = [], []
-        for j in np.flatnonzero((s.owner[cohort] == comm.rank) & (steps > 0)):
-            cid, slot = int(cohort[j]), int(s.slot[cohort[j]])
+        for j in ctx.mine[ctx.steps[ctx.mine] > 0]:
+            cid, slot = int(ctx.cohort[j]), int(ctx.slots[j])
             gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, rnd, cid)
             rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, rnd, cid))  # dropout and the like
-            idx = s.client_index[s.client_offset[slot] : s.client_offset[slot + 1]]
-            res = s.trainer.train(x0, idx, int(steps[j]), algo.solver, gen, algo.correction(slot), lr)
+            res = s.trainer.train(x0, ctx.clients.indices(j), int(ctx.steps[j]), algo.solver, gen,
+                                  algo.correction(slot), ctx.lr)
             norm = float(torch.linalg.vector_norm(res.delta, dtype=torch.float64))   # on the device
             problem = control.check_update(cid, rnd, norm)
             if problem is not None:         # never averaged in: skip and record, or stop the run
                 refused.append(problem)
                 records.append((cid, float("nan"), 0.0, REJECTED))
                 continue
-            acc.add(algo.contribution(slot, res, float(weights[j])))
+            acc.add(algo.pack(ctx, int(j), slot, res, float(ctx.weights[j])))
             records.append((cid, res.loss, res.anorm, 0))
         t1 = time.perf_counter()   # before any collective: waiting for slower ranks counts as reduce
 
@@ -225,21 +215,19 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             refused = control.agree_guard(refused)
             if refused:
                 raise GuardStop("; ".join(refused))
-        sums = acc.reduce(comm, total=len(cohort), root=0)
+        sums = acc.reduce(comm, total=len(ctx.cohort), root=0)
         gathered = comm.gather(records, root=0)
         t2 = time.perf_counter()
 
-        # 6. server update on rank 0, broadcast of the model (and server state)
+        # 6. server update and controllers on rank 0; broadcast model, server state, decisions
         control.phase("server", rnd)
-        diag = {}
+        diag, decisions = {}, None
         if comm.rank == 0:
-            x, diag = algo.server_step(x, sums, N)
+            x, diag = algo.server_step(ctx, x, sums)
+            decisions = algo.control(ctx, sums)
         comm.Bcast(x, root=0)
-        if extra is not None:           # SCAFFOLD's c, VR's hbar
-            host = extra.cpu().numpy()  # a view when extra is on the CPU
-            comm.Bcast(host, root=0)
-            if extra.device.type != "cpu":
-                extra.copy_(torch.from_numpy(host))
+        algo.broadcast_state(comm)
+        algo.receive(comm.bcast(decisions, root=0))
         t3 = time.perf_counter()
 
         # 7. evaluation (test chunks split over ranks), then rank 0 records the round
@@ -253,10 +241,11 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         t4 = time.perf_counter()
 
         if comm.rank == 0:
-            metrics, clients = _round_records(algo, sums, gathered, cohort, weights, steps, plan, rnd, lr, diag)
+            metrics, clients = _round_records(algo, ctx, sums, gathered, diag)
             metrics.update(test_accuracy=test_acc, test_loss=test_loss, global_train_accuracy=train_acc,
-                           global_train_loss=train_loss, sim_time=sim_time, time_train=t1 - t0,
-                           time_reduce=t2 - t1, time_server=t3 - t2, time_eval=t4 - t3, time_round=t4 - t0)
+                           global_train_loss=train_loss, sim_time=sim_time, time_decide=t_decide - t0,
+                           time_train=t1 - t_decide, time_reduce=t2 - t1, time_server=t3 - t2,
+                           time_eval=t4 - t3, time_round=t4 - t0)
             if on_round is not None:
                 on_round(metrics, clients)
 
@@ -277,17 +266,17 @@ def _train_eval_set(s: Setup) -> tuple[torch.Tensor, torch.Tensor]:
     return s.trainer.x[idx], s.trainer.y[idx]
 
 
-def _round_records(algo, sums, gathered, cohort, weights, steps, plan, rnd, lr, diag):
+def _round_records(algo, ctx, sums, gathered, diag):
     """Round metrics (without test and timing fields) and per-client rows, on rank 0."""
     sc = dict(zip(SCALARS, algo.layout.split(sums)["scalars"]))
+    cohort, weights, plan, k = ctx.cohort, ctx.weights, ctx.plan, len(ctx.cohort)
     done = {cid: (loss, anorm, code) for part in gathered for cid, loss, anorm, code in part}
     ok = {c for c, (_, _, code) in done.items() if code == 0}
     total_w = sc["weight"]
-    k = len(cohort)
     dropped = np.array(plan.reason if plan is not None else np.zeros(k), dtype=np.int8)
     dropped[[j for j, c in enumerate(cohort) if c in done and done[c][2]]] = REJECTED
     clients = {
-        "round": np.full(k, rnd), "client": cohort, "steps": steps,
+        "round": np.full(k, ctx.rnd), "client": cohort, "steps": ctx.steps,
         "weight": np.array([weights[j] / total_w if c in ok else 0.0 for j, c in enumerate(cohort)]),
         "train_loss": np.array([done.get(c, (np.nan,))[0] for c in cohort]),
         "anorm": np.array([done[c][1] if c in ok else 0.0 for c in cohort]),
@@ -295,7 +284,10 @@ def _round_records(algo, sums, gathered, cohort, weights, steps, plan, rnd, lr, 
         "dropped": dropped,
     }
     metrics = {
-        "round": rnd, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
-        "clients_participating": len(ok), "lr": lr, "tau_eff": diag.get("tau_eff", float("nan")),
+        "round": ctx.rnd, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
+        "clients_participating": len(ok), "lr": ctx.lr, "tau_eff": diag.get("tau_eff", float("nan")),
     }
+    extra_clients, extra_rounds = algo.records(ctx)
+    clients.update(extra_clients)
+    metrics.update(extra_rounds)
     return metrics, clients

@@ -1,17 +1,18 @@
 """An algorithm is a combination of four policies (ARCHITECTURE section 2).
 
-| slot          | choices                                                         |
-|---------------|-----------------------------------------------------------------|
-| local solver  | sgd (momentum, in-round lr decay), prox, scaffold, vr           |
-| steps policy  | epochs, fixed, random_epochs, client_steps                      |
-| weights       | size, uniform                                                   |
-| server rule   | average, nova (+ server optimizer: lr, momentum)                |
+| slot          | choices (see :mod:`hpcfl.algorithms.registry`)                   |
+|---------------|-------------------------------------------------------------------|
+| local solver  | sgd (momentum, in-round lr decay), prox, scaffold, vr             |
+| steps policy  | epochs, fixed, random_epochs, client_steps                        |
+| weights       | size, uniform                                                     |
+| server rule   | average, nova (+ server optimizer: lr, momentum)                  |
 
-Paper names (fedavg, fedprox, scaffold, fednova) are presets in :mod:`hpcfl.config`.
+Paper names (fedavg, fedprox, scaffold, fednova, ...) are presets in the registry.
 
-The engine sees one :class:`Algorithm` and its buffer :class:`Layout`: each client's
-contribution is one row ``[delta | extras | scalars]`` summed over the cohort by one
-exact reduction; the server reads the sums back by segment name.
+The engine sees one :class:`Algorithm`: it runs the policies' hooks in the order of
+:mod:`hpcfl.algorithms.protocol` and owns the reduction buffer :class:`Layout`: each
+client's contribution is one row ``[delta | policy segments | scalars]`` summed over the
+cohort by one exact reduction; the server reads the sums back by segment name.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .local import LocalSolver, ScaffoldState, SolverSpec, VRState
-from .policies import ClientSteps, EpochSteps, FixedSteps, RandomEpochSteps, SizeWeights, UniformWeights
-from .server import AverageRule, NovaRule, ServerOptimizer
+from . import registry
+from .local import LocalSolver, SolverSpec
+from .protocol import Field, RoundContext, ServerArray
+from .sampling import STATIC_WEIGHTS, Sampler
+from .server import ServerOptimizer
+from .variates import server_momentum_state
 
 SCALARS = ("weight", "weight_steps", "weight_anorm", "weight_loss", "count", "samples")
 
@@ -38,6 +42,8 @@ class Layout:
         self.slices: dict[str, slice] = {}
         offset = 0
         for name, n in segments:
+            if name in self.slices:
+                raise ValueError(f"two policies declare the reduction segment {name!r}")
             self.slices[name] = slice(offset, offset + n)
             offset += n
         self.length = offset
@@ -66,7 +72,7 @@ def round_lr(cfg, rnd: int, rounds: int) -> float:
 
 
 class Algorithm:
-    """The four policies of a job, plus the state they keep.
+    """The four policies of a job, their state, and the hooks of one round.
 
     Parameters
     ----------
@@ -76,78 +82,134 @@ class Algorithm:
     num_params : int
         Trainable prefix of the flat vector.
     num_local : int
-        Clients owned by this rank (for per-client state).
+        Clients owned by this rank (rows of per-client state).
+    device, dtype
+        Where and in which precision per-client state lives.
+    sizes : (N,) int64
+        Training samples of every client.
     """
 
-    def __init__(self, cfg, state_length: int, num_params: int, num_local: int, device, dtype):
+    def __init__(self, cfg, state_length: int, num_params: int, num_local: int, device, dtype,
+                 sizes: np.ndarray):
         a = cfg.algorithm
         self.cfg, self.num_params = a, num_params
         self.solver = LocalSolver(SolverSpec(a.lr, a.momentum, a.weight_decay, a.mu, a.local_lr_decay))
-        self.steps = {
-            "fixed": lambda: FixedSteps(a.local_steps),
-            "epochs": lambda: EpochSteps(a.local_epochs, a.batch_size, a.epoch_rounding),
-            "random_epochs": lambda: RandomEpochSteps(cfg.steps_options, a.batch_size, cfg.run.seed, a.epoch_rounding),
-            "client_steps": lambda: ClientSteps(cfg.steps_options, cfg.run.seed),
-        }[a.steps]()
-        self.weights = UniformWeights() if a.weights == "uniform" else SizeWeights()
-        normalize = a.sampling != "unbiased"
-        if a.server == "nova":
-            self.rule = NovaRule(cfg.server_options, num_params, a.local == "prox", normalize)
-        else:
-            self.rule = AverageRule(num_params, normalize)
+
+        def make(slot: str, name: str):
+            b = registry.Build(cfg, cfg.policy_options.get(slot), state_length, num_params, num_local,
+                               len(sizes), device, dtype)
+            return registry.SLOTS[slot][name](b)
+
+        self.extras = make("local", a.local)          # stateful add-ons of the local solver
+        self.steps_policy = make("steps", a.steps)
+        self.weights_policy = make("weights", a.weights)
+        self.rule = make("server", a.server)
+        self.policies = [self.weights_policy, self.steps_policy, *self.extras, self.rule]
+        static = self.weights_policy(-1, np.arange(len(sizes)), sizes) if a.weights in STATIC_WEIGHTS else sizes
+        self.sampler = Sampler(a.sampling, a.clients_per_round, cfg.run.seed, static)
         self.server_opt = ServerOptimizer(a.server_lr, a.server_momentum, lr_scaled=a.server == "nova")
-        self.state = None
-        if a.local == "scaffold":
-            self.state = ScaffoldState(num_local, num_params, device, dtype)
-        elif a.local == "vr":
-            self.state = VRState(num_local, num_params, device, dtype)
-        segments = [("delta", state_length)]
-        if self.state is not None:
-            segments.append(("extra", num_params))
-        segments.append(("scalars", len(SCALARS)))
-        self.layout = Layout(segments)
+        self.state_length = state_length
+        self._lay_out()
         self.lr = a.lr
 
+    def _lay_out(self) -> None:
+        segments = [("delta", self.state_length)]
+        segments += [(sg.name, sg.length) for p in self.policies for sg in p.segments()]
+        self.layout = Layout(segments + [("scalars", len(SCALARS))])
+
+    def add(self, policy) -> None:
+        """Plug in one more policy (an add-on outside the four slots; every rank, before the run)."""
+        self.policies.append(policy)
+        self._lay_out()
+
+    # ---- declared records and state ----------------------------------------------
+    @property
+    def client_fields(self) -> dict[str, Field]:
+        return {k: v for p in self.policies for k, v in p.client_fields.items()}
+
+    @property
+    def round_fields(self) -> dict[str, Field]:
+        return {k: v for p in self.policies for k, v in p.round_fields.items()}
+
+    def state(self) -> list:
+        """Every :class:`ClientTable` and :class:`ServerArray` of the run (checkpointed)."""
+        return [server_momentum_state(self.server_opt)] + [item for p in self.policies for item in p.state()]
+
+    def transfer(self) -> tuple[int, int]:
+        """Extra floats per client and round: (upload, download), beyond the model."""
+        ups, downs = zip(*(p.transfer() for p in self.policies))
+        return sum(ups), sum(downs)
+
+    # ---- the round ---------------------------------------------------------------
     def begin_round(self, rnd: int, rounds: int) -> float:
         """Set and return the round's client lr."""
         self.lr = round_lr(self.cfg, rnd, rounds)
         return self.lr
 
-    # ---- client side -------------------------------------------------------------
-    def correction(self, slot: int) -> torch.Tensor | None:
-        return self.state.correction(slot) if self.state is not None else None
+    def setup(self, ctx: RoundContext) -> None:
+        for p in self.policies:
+            p.setup(ctx)
 
-    def contribution(self, slot: int, res, weight: float) -> np.ndarray:
+    def decide(self, ctx: RoundContext) -> None:
+        """Weights over the sampled set, then the statistics phase, then the steps (every rank)."""
+        ctx.weights = self.sampler.weights(self.weights_policy.weights(ctx), ctx.cohort, ctx.draws)
+        for p in self.policies:
+            p.statistics(ctx)
+        ctx.steps = np.asarray(self.steps_policy.steps(ctx), dtype=np.int64)
+
+    def correction(self, slot: int) -> torch.Tensor | None:
+        for p in self.extras:
+            c = p.correction(slot)
+            if c is not None:
+                return c
+        return None
+
+    def pack(self, ctx: RoundContext, j: int, slot: int, res, weight: float) -> np.ndarray:
         """The reduction row of one trained client (see :class:`Layout`)."""
         parts = {"delta": self.rule.contribution(res.delta.double().cpu().numpy(), weight, res.anorm)}
-        if isinstance(self.state, ScaffoldState):   # unweighted Delta c_i (SCAFFOLD eq. 5)
-            dc = self.state.update(slot, res.delta[: self.num_params], res.anorm, self.lr)
-            parts["extra"] = dc.double().cpu().numpy()
-        elif isinstance(self.state, VRState):        # p_i h_i for hbar = sum p h / sum p
-            h = self.state.update(slot, res.delta[: self.num_params], res.anorm, self.lr)
-            parts["extra"] = h.double().cpu().numpy() * weight
+        for p in self.policies:
+            parts.update(p.pack(ctx, j, slot, res, weight))
         parts["scalars"] = np.array(
             [weight, weight * res.steps, weight * res.anorm, weight * res.loss, 1.0, res.samples]
         )
         return self.layout.row(parts)
 
-    # ---- server side (rank 0) ----------------------------------------------------
-    def server_step(self, x: np.ndarray, sums: np.ndarray, num_clients: int) -> tuple[np.ndarray, dict]:
-        """New global model from the reduced sums, and round diagnostics (tau_eff)."""
+    def server_step(self, ctx: RoundContext, x: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, dict]:
+        """Rank 0: new global model from the reduced sums, server state, round diagnostics."""
         seg = self.layout.split(sums)
         s = dict(zip(SCALARS, seg["scalars"]))
         if s["weight"] == 0:           # nobody reported (all dropped): keep the model
             return x, {"tau_eff": float("nan")}
         agg = self.rule.aggregate(seg["delta"], s)
         new_x = self.server_opt.apply(x, agg, self.lr)
-        if isinstance(self.state, ScaffoldState):
-            # c <- c + (1/N) sum_{i in S} Delta c_i  (|S|/N times the cohort mean)
-            c = self.state.c.double().cpu().numpy() + seg["extra"] / num_clients
-            self.state.c.copy_(torch.from_numpy(c))
-        elif isinstance(self.state, VRState):
-            self.state.c.copy_(torch.from_numpy(seg["extra"] / s["weight"]))
+        for p in self.policies:
+            p.server_update(ctx, seg, s)
         return new_x, {"tau_eff": self.rule.tau_eff(s)}
 
-    def broadcast_extra(self) -> torch.Tensor | None:
-        """Server state every rank needs next round (SCAFFOLD's c, VR's hbar), or None."""
-        return self.state.c if self.state is not None else None
+    def control(self, ctx: RoundContext, sums: np.ndarray) -> list:
+        """Rank 0: every policy's decision for the next round (broadcast by the engine)."""
+        seg = self.layout.split(sums)
+        s = dict(zip(SCALARS, seg["scalars"]))
+        return [p.control(ctx, seg, s) for p in self.policies]
+
+    def receive(self, decisions: list) -> None:
+        for p, d in zip(self.policies, decisions):
+            if d is not None:
+                p.receive(d)
+
+    def broadcast_state(self, comm) -> None:
+        """Send every broadcast :class:`ServerArray` from rank 0 to all ranks."""
+        for item in self.state():
+            if isinstance(item, ServerArray) and item.broadcast:
+                host = np.ascontiguousarray(item.get())
+                comm.Bcast(host, root=0)
+                if comm.rank != 0:
+                    item.set(host)
+
+    def records(self, ctx: RoundContext) -> tuple[dict, dict]:
+        """Rank 0: the policies' (per-client arrays, per-round scalars) for this round."""
+        clients, rounds = {}, {}
+        for p in self.policies:
+            clients.update(p.client_records(ctx))
+            rounds.update(p.round_records(ctx))
+        return clients, rounds

@@ -1,8 +1,11 @@
 """Steps and weights policies: how many local steps tau_i and which weight p_i.
 
-Each policy is a pure function of (seed, round, client, n_i): every rank computes the
-same decisions for the whole cohort, and a client's draw never depends on which other
-clients are asked together (keys per client, see :mod:`hpcfl.rng`).
+Each policy here is a pure function of (seed, round, client, n_i): every rank computes
+the same decisions for the whole cohort, and a client's draw never depends on which
+other clients are asked together (keys per client, see :mod:`hpcfl.rng`). The engine
+calls ``steps(ctx)`` / ``weights(ctx)`` with the round's
+:class:`~hpcfl.algorithms.protocol.RoundContext`; ``__call__(rnd, clients, sizes)`` is
+the same rule on plain arrays.
 
 Policies with options take them from ``[algorithm.<policy name>]``.
 """
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import rng
+from .protocol import Policy
 
 
 def epoch_steps(epochs: np.ndarray | int, sizes: np.ndarray, batch_size: int, rounding: str = "ceil") -> np.ndarray:
@@ -28,7 +32,22 @@ def epoch_steps(epochs: np.ndarray | int, sizes: np.ndarray, batch_size: int, ro
     return np.asarray(epochs, dtype=np.int64) * -(-n // batch_size)
 
 
-class EpochSteps:
+
+class _Steps(Policy):
+    """A steps policy given by ``__call__(rnd, clients, sizes)``."""
+
+    def steps(self, ctx) -> np.ndarray:
+        return self(ctx.rnd, ctx.cohort, ctx.sizes)
+
+
+class _Weights(Policy):
+    """A static weights policy: w_i depends on the client alone (``__call__``)."""
+
+    def weights(self, ctx) -> np.ndarray:
+        return self(ctx.rnd, ctx.cohort, ctx.sizes)
+
+
+class EpochSteps(_Steps):
     """tau_i = E epochs of the client's data (see :func:`epoch_steps` for the rounding).
 
     FedAvg's "E local epochs"; FedNova's CIFAR setting E_i = 2.
@@ -41,14 +60,14 @@ class EpochSteps:
         return epoch_steps(self.epochs, sizes, self.batch_size, self.rounding)
 
 
-class FixedSteps:
+class FixedSteps(_Steps):
     """tau_i = K for every client."""
 
     def __init__(self, steps: int):
-        self.steps = steps
+        self.count = steps
 
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        return np.full(len(clients), self.steps, dtype=np.int64)
+        return np.full(len(clients), self.count, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -62,7 +81,7 @@ class RandomEpochsOptions:
         return [] if self.low <= self.high else [f"low = {self.low} exceeds high = {self.high}"]
 
 
-class RandomEpochSteps:
+class RandomEpochSteps(_Steps):
     """tau_i(t) = E_i(t) epochs, E_i(t) ~ U{low..high} (fednova.md 4.2, A1).
 
     The CIFAR setting E ~ U(2,5) and the synthetic E ~ U(1,5) of the FedNova paper. The
@@ -108,7 +127,7 @@ class ClientStepsOptions:
         return p
 
 
-class ClientSteps:
+class ClientSteps(_Steps):
     """tau_i from a per-client list or a keyed distribution (see :class:`ClientStepsOptions`)."""
 
     def __init__(self, opts: ClientStepsOptions, seed: int):
@@ -127,14 +146,14 @@ class ClientSteps:
         return np.array([self._draw(rnd, int(c)) for c in clients], dtype=np.int64)
 
 
-class SizeWeights:
+class SizeWeights(_Weights):
     """p_i proportional to n_i (FedAvg, McMahan et al. 2017)."""
 
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         return sizes.astype(np.float64)
 
 
-class UniformWeights:
+class UniformWeights(_Weights):
     """p_i equal for all clients."""
 
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:

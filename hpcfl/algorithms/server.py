@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .protocol import Policy
 
-class AverageRule:
+
+class AverageRule(Policy):
     """agg = sum_i w_i Delta_i / sum_i w_i (FedAvg, FedProx, SCAFFOLD)."""
 
     def __init__(self, num_params: int, normalize: bool = True):
@@ -55,7 +57,7 @@ class NovaOptions:
     value: float = field(default=1.0, metadata={"gt": 0})
 
 
-class NovaRule:
+class NovaRule(Policy):
     """FedNova, eq. 12: agg = tau_eff * sum_i p_i Delta_i / ||a_i||_1 / sum_i p_i.
 
     Each client sends its update divided by its own normaliser ||a_i||_1, so every client

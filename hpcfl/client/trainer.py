@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import rng
 from ..algorithms.local import LocalSolver
 from ..params import FlatModel
 
@@ -95,6 +96,47 @@ class Trainer:
         delta = m.flat.detach() - x0
         mean_loss = float(loss_sum) / steps if steps else 0.0
         return ClientResult(delta, steps, solver.anorm() if steps else 0.0, mean_loss, samples)
+
+
+class LocalClients:
+    """This rank's cohort clients in one round, as the statistics phase sees them.
+
+    ``indices(j)`` are the client's training-sample indices (cohort position ``j``, owned
+    by this rank); ``data(j, positions)`` its samples at those positions (no
+    augmentation); ``generator(j)`` a torch generator keyed by (seed, STATS, round,
+    client); ``x0`` the round-start flat model, which ``load_x0`` puts into ``model``;
+    ``correction(j)`` the local solver's gradient correction for that client (SCAFFOLD's
+    c - c_i, or None) and ``weight_decay`` its L2 term, so a statistics phase can measure
+    the gradient of the same objective the local solver follows.
+    """
+
+    def __init__(self, s, rnd: int, cohort: np.ndarray):
+        self.model, self.trainer, self.device = s.model, s.trainer, s.device
+        self._index, self._offset, self._slot = s.client_index, s.client_offset, s.slot
+        self.seed, self.rnd, self.cohort = s.cfg.run.seed, rnd, cohort
+        self.x0: torch.Tensor | None = None
+        self.loss_fn = getattr(s.model.module, "loss", None) or F.cross_entropy
+        self.weight_decay = s.cfg.algorithm.weight_decay
+        self._algo = s.algo
+
+    def indices(self, j: int) -> torch.Tensor:
+        slot = int(self._slot[self.cohort[j]])
+        if slot < 0:
+            raise RuntimeError(f"client {self.cohort[j]} is not owned by this rank")
+        return self._index[self._offset[slot] : self._offset[slot + 1]]
+
+    def data(self, j: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.indices(j)[positions.to(self._index.device)]
+        return self.trainer.x[idx], self.trainer.y[idx]
+
+    def generator(self, j: int) -> torch.Generator:
+        return rng.torch_generator(self.device, self.seed, rng.STATS, self.rnd, int(self.cohort[j]))
+
+    def correction(self, j: int) -> torch.Tensor | None:
+        return self._algo.correction(int(self._slot[self.cohort[j]]))
+
+    def load_x0(self) -> None:
+        self.model.load(self.x0)
 
 
 @torch.no_grad()

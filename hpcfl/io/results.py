@@ -18,18 +18,26 @@ one row per round or per participating client; the file is flushed after every r
     /metrics/tau_eff               float64  effective local steps: FedNova's tau_eff, or the
                                             implicit sum p_i ||a_i||_1 of averaging rules
     /metrics/sim_time              float64  cumulative simulated seconds ([system]; else 0)
-    /metrics/time_train, time_reduce, time_server, time_eval, time_round
-                                   float64  real seconds per phase on rank 0
+    /metrics/time_decide, time_train, time_reduce, time_server, time_eval, time_round
+                                   float64  real seconds per phase on rank 0 (decide: weights,
+                                            statistics phase, steps)
     /clients/round, /clients/client, /clients/steps      int64  (one row per cohort member)
     /clients/weight, /clients/train_loss                 float64 (normalised weight; 0 and NaN if dropped)
     /clients/anorm                 float64  ||a_i||_1, FedNova's normaliser (= steps for plain SGD)
     /clients/sim_time              float64  simulated arrival time of the client's update
     /clients/dropped               int8     0 reported; 1 unavailable; 2 missed the deadline;
                                             3 late; 4 no steps (hpcfl.system reason codes)
+    /metrics/<policy field>, /clients/<policy field>
+                                            records a policy declares (FedDisco's discrepancy,
+                                            FedGSNR's GSNR, ...), see docs/architecture.md
+    /clients_summary/<field>_<stat> float64 (clients,) per-client median or mean over rounds
+                                            of fields declared with a summary
     /partition/class_counts        int64 (clients, classes)  training samples per class
     /final/params                  float32 (L,)   final flat model (parameters, then float buffers)
     /final/param_names             str (entries,) "param:<module path>" or "buffer:<path>"
     /final/param_shapes            JSON string attribute ``shapes`` on /final (list of lists)
+
+Every /metrics and /clients dataset carries the attributes ``unit`` and ``description``.
 
 Load a final model into torch: ``hpcfl.results.load(path).state_dict()``.
 
@@ -46,41 +54,47 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from ..algorithms.protocol import Field
 from ..errors import HpcflError
 
+F64, I64 = np.float64, np.int64
 METRICS = {
-    "round": np.int64,
-    "train_loss": np.float64,
-    "test_accuracy": np.float64,
-    "test_loss": np.float64,
-    "clients_participating": np.int64,
-    "global_train_loss": np.float64,
-    "global_train_accuracy": np.float64,
-    "lr": np.float64,
-    "tau_eff": np.float64,
-    "sim_time": np.float64,
-    "time_train": np.float64,
-    "time_reduce": np.float64,
-    "time_server": np.float64,
-    "time_eval": np.float64,
-    "time_round": np.float64,
+    "round": Field(I64, "round", "round index, 0-based"),
+    "train_loss": Field(F64, "loss", "weight-averaged mean local mini-batch loss"),
+    "test_accuracy": Field(F64, "1", "global model's test accuracy (NaN on rounds without evaluation)"),
+    "test_loss": Field(F64, "loss", "global model's mean test loss (NaN on rounds without evaluation)"),
+    "clients_participating": Field(I64, "clients", "clients that trained and reported"),
+    "global_train_loss": Field(F64, "loss", "global model on all clients' training samples (run.eval_train)"),
+    "global_train_accuracy": Field(F64, "1", "global model's accuracy on all training samples (run.eval_train)"),
+    "lr": Field(F64, "1", "client learning rate of the round"),
+    "tau_eff": Field(F64, "steps", "effective local steps: FedNova's tau_eff, or sum p_i ||a_i||_1"),
+    "sim_time": Field(F64, "s", "cumulative simulated time ([system]; else 0)"),
+    "time_decide": Field(F64, "s", "real time of the decisions (weights, statistics phase, steps), rank 0"),
+    "time_train": Field(F64, "s", "real time of local training, rank 0"),
+    "time_reduce": Field(F64, "s", "real time of the reduction, waiting for slower ranks included, rank 0"),
+    "time_server": Field(F64, "s", "real time of the server step and broadcasts, rank 0"),
+    "time_eval": Field(F64, "s", "real time of evaluation, rank 0"),
+    "time_round": Field(F64, "s", "real time of the whole round, rank 0"),
 }
 CLIENT_FIELDS = {
-    "round": np.int64,
-    "client": np.int64,
-    "steps": np.int64,
-    "weight": np.float64,
-    "train_loss": np.float64,
-    "anorm": np.float64,
-    "sim_time": np.float64,
-    "dropped": np.int8,
+    "round": Field(I64, "round", "round index, 0-based"),
+    "client": Field(I64, "client", "client id"),
+    "steps": Field(I64, "steps", "local steps run (after the system model's deadline)"),
+    "weight": Field(F64, "1", "normalised aggregation weight (0 if the client did not report)"),
+    "train_loss": Field(F64, "loss", "mean local mini-batch loss (NaN if the client did not train)"),
+    "anorm": Field(F64, "steps", "||a_i||_1, FedNova's normaliser (= steps for plain SGD)"),
+    "sim_time": Field(F64, "s", "simulated arrival time of the client's update"),
+    "dropped": Field(np.int8, "code", "0 reported; 1 unavailable; 2 missed the deadline; 3 late; 4 no steps; "
+                                      "5 refused by the guard"),
 }
+SUMMARIES = {"median": np.nanmedian, "mean": np.nanmean}
 
 
 LOCKING = {"locking": True}   # set by configure(); False on filesystems without file locking
@@ -112,10 +126,15 @@ class ResultsWriter:
     attrs : dict
         Root attributes; dict and list values are stored as JSON strings.
     class_counts : np.ndarray, shape (clients, classes)
+    metric_fields, client_fields : dict of name -> Field, optional
+        Records the policies declare, appended to :data:`METRICS` and :data:`CLIENT_FIELDS`.
     """
 
-    def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None):
+    def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
+                 metric_fields: dict | None = None, client_fields: dict | None = None):
         self.path = Path(path)
+        self.metrics = {**METRICS, **(metric_fields or {})}
+        self.client_fields = {**CLIENT_FIELDS, **(client_fields or {})}
         if resume_at is not None:
             self._reopen(resume_at, attrs)
             return
@@ -123,10 +142,12 @@ class ResultsWriter:
         for k, v in attrs.items():
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         self.file.attrs["status"] = "running"
-        for group, fields in (("metrics", METRICS), ("clients", CLIENT_FIELDS)):
+        for group, fields in (("metrics", self.metrics), ("clients", self.client_fields)):
             g = self.file.create_group(group)
-            for name, dtype in fields.items():
-                g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+            for name, f in fields.items():
+                ds = g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=f.dtype, chunks=(1024,))
+                ds.attrs["unit"] = f.unit
+                ds.attrs["description"] = f.description
         self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64))
         self.file.swmr_mode = True   # from here on: appends only, readable by SWMR readers
         self.file.flush()
@@ -149,7 +170,9 @@ class ResultsWriter:
                 keep = old[group]["round"][()] < rounds_done
                 g = new.create_group(group)
                 for name, ds in old[group].items():
-                    g.create_dataset(name, data=ds[()][keep], maxshape=(None,), chunks=(1024,))
+                    new_ds = g.create_dataset(name, data=ds[()][keep], maxshape=(None,), chunks=(1024,))
+                    for k, v in ds.attrs.items():
+                        new_ds.attrs[k] = v
             new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
             for k in ("world_size", "devices", "versions"):   # describe the latest attempt
                 v = attrs[k]
@@ -162,19 +185,19 @@ class ResultsWriter:
         self.file.flush()
 
     def append_round(self, metrics: dict, clients: dict) -> None:
-        """Append one round: ``metrics`` has a scalar per METRICS key, ``clients`` an array per field."""
-        missing = set(METRICS) - set(metrics)
+        """Append one round: ``metrics`` has a scalar per metric field, ``clients`` an array per client field."""
+        missing = (set(self.metrics) - set(metrics)) | (set(self.client_fields) - set(clients))
         if missing:
-            raise KeyError(f"metrics missing {sorted(missing)}")
+            raise KeyError(f"round records missing {sorted(missing)}")
         try:
-            for name, value in metrics.items():
-                _append(self.file["metrics"][name], [value])
-            for name in CLIENT_FIELDS:
+            for name in self.metrics:
+                _append(self.file["metrics"][name], [metrics[name]])
+            for name in self.client_fields:
                 _append(self.file["clients"][name], clients[name])
             self.file.flush()
         except OSError as exc:
             free = shutil.disk_usage(self.path.parent).free
-            need = 8 * (len(METRICS) + len(CLIENT_FIELDS) * len(clients["client"]))
+            need = 8 * (len(self.metrics) + len(self.client_fields) * len(clients["client"]))
             raise HpcflError(f"cannot write round {metrics['round']} to {self.path}: {exc}. A round needs about "
                              f"{need} bytes; {free:,} bytes are free there. Free space, then run the same "
                              f"command again to resume from the last checkpoint") from None
@@ -187,8 +210,30 @@ class ResultsWriter:
         g.create_dataset("params", data=np.asarray(params, dtype=np.float32))
         g.create_dataset("param_names", data=np.array(names, dtype=h5py.string_dtype()))
         g.attrs["shapes"] = json.dumps([list(s) for s in shapes])
+        self._write_summaries()
         self.file.attrs["status"] = "finished"
         self.file.flush()
+
+    def _write_summaries(self) -> None:
+        """``/clients_summary/<field>_<stat>`` (N,): a client's statistic over the rounds it took part in.
+
+        For client fields declared with a ``summary`` (e.g. FedGSNR's contribution score,
+        the median GSNR over rounds); NaN for clients that never took part.
+        """
+        n = self.file["partition/class_counts"].shape[0]
+        ids = self.file["clients/client"][()]
+        for name, f in self.client_fields.items():
+            if f.summary is None:
+                continue
+            values = self.file[f"clients/{name}"][()].astype(np.float64)
+            out = np.full(n, np.nan)
+            for c in np.unique(ids):
+                v = values[ids == c]
+                if np.isfinite(v).any():
+                    out[c] = SUMMARIES[f.summary](v)
+            ds = self.file.require_group("clients_summary").create_dataset(f"{name}_{f.summary}", data=out)
+            ds.attrs["unit"] = f.unit
+            ds.attrs["description"] = f"{f.summary} over rounds of: {f.description}"
 
     def close(self) -> None:
         self.file.close()
@@ -204,8 +249,9 @@ class Results:
     attrs: dict
     class_counts: np.ndarray
     final_params: np.ndarray | None = None
-    param_names: list[str] = field(default_factory=list)
-    param_shapes: list[tuple] = field(default_factory=list)
+    param_names: list[str] = dc_field(default_factory=list)
+    param_shapes: list[tuple] = dc_field(default_factory=list)
+    summaries: dict[str, np.ndarray] = dc_field(default_factory=dict)
 
     def state_dict(self) -> dict:
         """The final model as ``{module path: torch.Tensor}`` for ``model.load_state_dict(..., strict=False)``."""
@@ -241,6 +287,8 @@ def load(path: str | Path) -> Results:
             attrs=attrs,
             class_counts=f["partition/class_counts"][()],
         )
+        if "clients_summary" in f:
+            res.summaries = {k: v[()] for k, v in f["clients_summary"].items()}
         if "final" in f:
             res.final_params = f["final/params"][()]
             res.param_names = [s.decode() if isinstance(s, bytes) else s for s in f["final/param_names"][()]]

@@ -74,10 +74,11 @@ def test_results_schema(finished):
         m = f["metrics"]
         expected = {"round", "train_loss", "test_accuracy", "test_loss", "clients_participating",
                     "global_train_loss", "global_train_accuracy", "lr", "tau_eff", "sim_time",
-                    "time_train", "time_reduce", "time_server", "time_eval", "time_round"}
+                    "time_decide", "time_train", "time_reduce", "time_server", "time_eval", "time_round"}
         assert set(m) == expected
         for name in expected:
             assert m[name].shape == (4,) and m[name].maxshape == (None,)
+            assert m[name].attrs["unit"] and len(m[name].attrs["description"]) > 10   # self-describing
         assert m["round"].dtype == np.int64 and m["round"][()].tolist() == [0, 1, 2, 3]
         acc = m["test_accuracy"][()]
         assert np.isnan(acc[0]) and np.isnan(acc[2]) and 0 < acc[1] <= 1 and 0 < acc[3] <= 1
@@ -88,6 +89,7 @@ def test_results_schema(finished):
         assert np.isnan(m["global_train_loss"][()]).all()  # run.eval_train is off
         c = f["clients"]
         assert set(c) == {"round", "client", "steps", "weight", "train_loss", "anorm", "sim_time", "dropped"}
+        assert c["sim_time"].attrs["unit"] == "s" and c["steps"].attrs["unit"] == "steps"
         assert c["round"].shape == (16,) and c["steps"][()].tolist() == [3] * 16
         assert c["anorm"][()].tolist() == [3.0] * 16 and c["dropped"][()].tolist() == [0] * 16
         for r in range(4):

@@ -8,9 +8,10 @@ import torch
 from mpi4py import MPI
 
 from hpcfl.algorithms import SCALARS, Algorithm
-from hpcfl.algorithms.local import LocalSolver, ScaffoldState, SolverSpec
+from hpcfl.algorithms.local import LocalSolver, SolverSpec
 from hpcfl.algorithms.policies import EpochSteps, FixedSteps, SizeWeights, UniformWeights
 from hpcfl.algorithms.server import ServerOptimizer
+from hpcfl.algorithms.variates import Scaffold
 from hpcfl.client.trainer import ClientResult
 from hpcfl.comm import ExactSum
 from hpcfl.config import AlgorithmSection
@@ -24,21 +25,23 @@ def result(delta, steps=4, loss=1.0):
 
 def full(alg, server_options=None):
     """A Config-shaped object around an AlgorithmSection (what Algorithm reads)."""
-    return SimpleNamespace(algorithm=alg, run=SimpleNamespace(seed=0), steps_options=None,
-                           server_options=server_options)
+    opts = {} if server_options is None else {"server": server_options}
+    return SimpleNamespace(algorithm=alg, run=SimpleNamespace(seed=0), policy_options=opts)
 
 
 def aggregate(cfg, deltas, weights, x, num_clients=3, anorms=None, server_options=None):
-    algo = Algorithm(full(cfg, server_options), len(x), len(x), len(deltas), torch.device("cpu"), D)
+    algo = Algorithm(full(cfg, server_options), len(x), len(x), len(deltas), torch.device("cpu"), D,
+                     np.ones(num_clients, dtype=np.int64))
+    ctx = SimpleNamespace(lr=algo.lr)
     acc = ExactSum(algo.layout.length)
     for slot, (d, w) in enumerate(zip(deltas, weights)):
         res = result(d)
         if anorms is not None:
             res.anorm = anorms[slot]
             res.steps = int(anorms[slot])
-        acc.add(algo.contribution(slot, res, w))
+        acc.add(algo.pack(ctx, slot, slot, res, w))
     sums = acc.reduce(MPI.COMM_SELF, total=len(deltas))
-    new_x, _ = algo.server_step(np.asarray(x, dtype=np.float64), sums, num_clients)
+    new_x, _ = algo.server_step(ctx, np.asarray(x, dtype=np.float64), sums)
     return algo, new_x, sums
 
 
@@ -108,24 +111,24 @@ def test_prox_normaliser_matches_closed_form():
 
 
 def test_scaffold_control_variates_by_hand():
-    st = ScaffoldState(num_local=2, num_params=2, device=torch.device("cpu"), dtype=D)
+    st = Scaffold(num_local=2, num_params=2, device=torch.device("cpu"), dtype=D)
     st.c.copy_(torch.tensor([0.1, 0.2], dtype=D))
     st._table()[1] = torch.tensor([0.3, -0.1], dtype=D)
     assert torch.allclose(st.correction(1), torch.tensor([-0.2, 0.3], dtype=D))
     # c_i+ = c_i - c + (x0 - y)/(K lr) = [0.3-0.1+0.4/0.4, -0.1-0.2-0.2/0.4] = [1.2, -0.8]
     dc = st.update(1, torch.tensor([-0.4, 0.2], dtype=D), anorm=4.0, lr=0.1)
     assert torch.allclose(dc, torch.tensor([0.9, -0.7], dtype=D), atol=1e-15)
-    assert torch.allclose(st.c_local[1], torch.tensor([1.2, -0.8], dtype=D), atol=1e-15)
-    assert st.c_local[0].abs().sum() == 0
+    assert torch.allclose(st._table()[1], torch.tensor([1.2, -0.8], dtype=D), atol=1e-15)
+    assert st._table()[0].abs().sum() == 0
 
 
 def test_scaffold_server_update_by_hand():
     # Two clients, N = 4, lr 0.1, K = 4, c = 0, c_i = 0: dc_i = -delta_i/(K lr) = -2.5 delta_i
     # deltas [-0.4, 0.2] and [0.4, 0.6]: sum dc = -2.5*[0, 0.8] = [0, -2]; c = sum/N = [0, -0.5]
-    cfg = AlgorithmSection(local="scaffold", steps="fixed", local_steps=4, weights="uniform", lr=0.1)
+    cfg = AlgorithmSection(local="scaffold", steps="fixed", local_steps=4, weights="uniform", server="average", lr=0.1)
     algo, x, _ = aggregate(cfg, [[-0.4, 0.2], [0.4, 0.6]], [1, 1], [0.0, 0.0], num_clients=4)
     assert np.allclose(x, [0.0, 0.4], atol=1e-15)
-    assert torch.allclose(algo.state.c, torch.tensor([0.0, -0.5], dtype=D), atol=1e-15)
+    assert torch.allclose(algo.extras[0].c, torch.tensor([0.0, -0.5], dtype=D), atol=1e-15)
 
 
 def test_steps_and_weights_policies():

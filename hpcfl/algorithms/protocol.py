@@ -1,0 +1,213 @@
+"""The round protocol: what a policy sees, what it may join, what it keeps and records.
+
+Every policy (local solver, steps, weights, server rule, and stateful add-ons such as
+SCAFFOLD's control variates) is an object with optional hooks, all no-ops by default
+(:class:`Policy`). The round loop (``hpcfl.simulation.run``) calls them through
+:class:`hpcfl.algorithms.Algorithm`, in this order, and never names a policy:
+
+======================  ==========  =====================================================
+phase                   where       hooks
+======================  ==========  =====================================================
+setup (once)            all ranks   ``setup(ctx)``; may use ``ctx.collective``
+decide: weights         all ranks   ``weights(ctx)`` of the weights policy -> p over the
+                                    round's sampled set
+decide: statistics      all ranks   ``statistics(ctx)``: per-client quantities at the
+                                    round-start model, reduced with ``ctx.collective``
+decide: steps           all ranks   ``steps(ctx)`` of the steps policy -> tau_i
+train + pack            own clients ``correction(slot)``; ``pack(ctx, j, slot, res, w)``
+                                    fills the policy's declared :class:`Segment` s
+reduce                  all ranks   one exact sum of ``[delta | segments | scalars]``
+server                  rank 0      ``server_update(ctx, segments, scalars)``
+controller              rank 0      ``control(ctx, segments, scalars)`` -> a decision,
+                                    broadcast; every rank then calls ``receive(decision)``
+record                  rank 0      ``client_records(ctx)``, ``round_records(ctx)``
+======================  ==========  =====================================================
+
+Every rank computes the same decisions because they depend only on keyed randomness
+(seed, round, client) and on exactly reduced (order-independent) sums.
+
+State a policy keeps is declared by :meth:`Policy.state` as :class:`ClientTable` (rows of
+the clients a rank owns) and :class:`ServerArray` (held on rank 0, optionally broadcast
+to every rank after each server step). Checkpoints gather client rows in client-id order
+and scatter them to the owners on resume, so a run resumes bit-exactly on any rank
+count. :meth:`Policy.transfer` says how many extra floats a client sends and receives,
+for the simulated clock.
+
+Records are declared as :class:`Field` s (dtype, unit, one-line description) and land in
+``results.h5`` under ``/clients/<name>`` and ``/metrics/<name>`` with those attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Field:
+    """A recorded quantity: numpy dtype, unit (``"1"`` for dimensionless), one-line description.
+
+    ``summary`` ("median" or "mean") asks the results writer to also store, at the end of
+    the run, that statistic over rounds for every client (``/clients_summary/<name>_<summary>``).
+    """
+
+    dtype: type
+    unit: str
+    description: str
+    summary: str | None = None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A named slice of the training reduction buffer, ``length`` float64 values per client.
+
+    The owning policy fills it for each trained client in :meth:`Policy.pack`; the server
+    reads the cohort sum under the same name.
+    """
+
+    name: str
+    length: int
+
+
+@dataclass
+class ClientTable:
+    """Per-client state rows on the owning rank: ``get() -> (clients on rank, width)`` array.
+
+    ``set(rows)`` loads rows (same shape) on restore. ``width`` is per client.
+    """
+
+    name: str
+    width: int
+    get: Callable[[], np.ndarray]
+    set: Callable[[np.ndarray], None]
+
+
+@dataclass
+class ServerArray:
+    """Server-side state held on rank 0: ``get() -> array or None`` (None: not started yet).
+
+    ``broadcast``: every rank needs it each round (SCAFFOLD's c), so the engine broadcasts
+    it after each server step and on restore.
+    """
+
+    name: str
+    get: Callable[[], np.ndarray | None]
+    set: Callable[[np.ndarray], None]
+    broadcast: bool = False
+
+
+@dataclass
+class RoundContext:
+    """What every policy sees in one round (identical on every rank except ``mine``).
+
+    Attributes
+    ----------
+    rnd, rounds, seed : int
+        Round index (0-based), rounds in the run, the run's seed.
+    cohort : (k,) int64
+        The round's sampled clients, sorted, unique.
+    sizes : (k,) int64
+        Training samples of each cohort member; ``all_sizes`` (N,) for every client.
+    class_counts : (N, C) int64
+        The partition's label counts per client.
+    lr : float
+        The round's client learning rate.
+    mine : (m,) int64
+        Positions j in ``cohort`` of the clients this rank owns.
+    owned : (n,) int64
+        Ids of every client this rank owns (cohort or not), e.g. for a setup that each
+        client computes once.
+    slots : (k,) int64
+        Each cohort member's row in this rank's client tables (-1 if owned elsewhere).
+    collective : Collectives
+        Exact reductions and by-client gathers across ranks (no MPI import needed).
+    clients : object
+        This rank's client data and model for the statistics phase
+        (``hpcfl.simulation.LocalClients``).
+    draws : (k,) or None
+        Draw multiplicities of sampling with replacement.
+    weights : (k,) float64
+        Aggregation weights p_i, set by the weights policy (and possibly adjusted later).
+    steps : (k,) int64
+        Local steps tau_i, set by the steps policy (and by the system model's plan).
+    plan : hpcfl.system.RoundPlan or None
+        The simulated clock's plan for the round.
+    log : callable
+        ``log(message)`` prints once (rank 0) with the round number.
+    """
+
+    rnd: int
+    rounds: int
+    seed: int
+    cohort: np.ndarray
+    sizes: np.ndarray
+    all_sizes: np.ndarray
+    class_counts: np.ndarray
+    lr: float
+    mine: np.ndarray
+    slots: np.ndarray
+    collective: object
+    owned: np.ndarray = None
+    clients: object = None
+    draws: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    steps: np.ndarray | None = None
+    plan: object = None
+    log: Callable[[str], None] = print
+    notes: dict = field(default_factory=dict)
+
+
+class Policy:
+    """Base of every policy: each hook is optional and does nothing here.
+
+    Subclasses override only what they take part in (see the module docstring for the
+    order). ``client_fields`` and ``round_fields`` declare records; the matching
+    ``client_records`` / ``round_records`` return arrays (k,) aligned with the cohort and
+    scalars.
+    """
+
+    client_fields: dict[str, Field] = {}
+    round_fields: dict[str, Field] = {}
+
+    def setup(self, ctx: RoundContext) -> None:
+        """Once, on every rank, before the first round of this process (also after a resume)."""
+
+    def statistics(self, ctx: RoundContext) -> None:
+        """Before training, on every rank: measure, reduce, and adjust ``ctx`` decisions."""
+
+    def segments(self) -> list[Segment]:
+        return []
+
+    def correction(self, slot: int):
+        """A gradient correction (num_params,) added at every local step, or None."""
+        return None
+
+    def pack(self, ctx: RoundContext, j: int, slot: int, res, weight: float) -> dict[str, np.ndarray]:
+        """Values of this policy's segments for the trained client at cohort position ``j``."""
+        return {}
+
+    def server_update(self, ctx: RoundContext, seg: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
+        """Rank 0, after the model update: update server-side state from the reduced sums."""
+
+    def control(self, ctx: RoundContext, seg: dict[str, np.ndarray], scalars: dict[str, float]):
+        """Rank 0, after the server update: a decision for the next round (picklable), or None."""
+        return None
+
+    def receive(self, decision) -> None:
+        """Every rank: the decision that rank 0's :meth:`control` returned."""
+
+    def client_records(self, ctx: RoundContext) -> dict[str, np.ndarray]:
+        return {}
+
+    def round_records(self, ctx: RoundContext) -> dict[str, float]:
+        return {}
+
+    def state(self) -> list:
+        """:class:`ClientTable` and :class:`ServerArray` items this policy keeps."""
+        return []
+
+    def transfer(self) -> tuple[int, int]:
+        """Extra floats a client uploads and downloads per round (beyond the model)."""
+        return 0, 0

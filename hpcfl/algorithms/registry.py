@@ -1,0 +1,72 @@
+"""Every policy by name: the one place a new algorithm is registered.
+
+Each entry maps a job-file name to a factory ``f(b) -> policy`` where ``b`` is a
+:class:`Build` (the job, option objects, model dimensions); ``OPTIONS`` maps the names
+that take a ``[algorithm.<name>]`` table to their option dataclass. ``PRESETS`` are the
+paper names: ``[algorithm] name = "fednova"`` fills the slots not given explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import policies as pol
+from .server import AverageRule, NovaOptions, NovaRule
+from .variates import Scaffold, VarianceReduction
+
+
+@dataclass(frozen=True)
+class Build:
+    """What a factory may use: the job, this policy's options, and the model's dimensions."""
+
+    cfg: object
+    options: object
+    state_length: int
+    num_params: int
+    num_local: int
+    num_clients: int
+    device: torch.device
+    dtype: torch.dtype
+
+
+def _a(b: Build):
+    return b.cfg.algorithm
+
+
+# local solvers: the plain solver (sgd, momentum, prox) is always there; these add state
+LOCAL = {
+    "sgd": lambda b: [],
+    "prox": lambda b: [],
+    "scaffold": lambda b: [Scaffold(b.num_local, b.num_params, b.device, b.dtype, b.num_clients)],
+    "vr": lambda b: [VarianceReduction(b.num_local, b.num_params, b.device, b.dtype, b.num_clients)],
+}
+STEPS = {
+    "fixed": lambda b: pol.FixedSteps(_a(b).local_steps),
+    "epochs": lambda b: pol.EpochSteps(_a(b).local_epochs, _a(b).batch_size, _a(b).epoch_rounding),
+    "random_epochs": lambda b: pol.RandomEpochSteps(b.options, _a(b).batch_size, b.cfg.run.seed,
+                                                    _a(b).epoch_rounding),
+    "client_steps": lambda b: pol.ClientSteps(b.options, b.cfg.run.seed),
+}
+WEIGHTS = {
+    "size": lambda b: pol.SizeWeights(),
+    "uniform": lambda b: pol.UniformWeights(),
+}
+SERVER = {
+    "average": lambda b: AverageRule(b.num_params, _a(b).sampling != "unbiased"),
+    "nova": lambda b: NovaRule(b.options, b.num_params, _a(b).local == "prox", _a(b).sampling != "unbiased"),
+}
+OPTIONS = {
+    "random_epochs": pol.RandomEpochsOptions,
+    "client_steps": pol.ClientStepsOptions,
+    "nova": NovaOptions,
+}
+PRESETS = {
+    "fedavg": {"local": "sgd", "weights": "size", "server": "average"},
+    "fedprox": {"local": "prox", "weights": "size", "server": "average"},
+    "scaffold": {"local": "scaffold", "weights": "size", "server": "average"},
+    "fednova": {"local": "sgd", "weights": "size", "server": "nova"},
+    "custom": {},
+}
+SLOTS = {"local": LOCAL, "steps": STEPS, "weights": WEIGHTS, "server": SERVER}

@@ -1,0 +1,70 @@
+"""Which clients take part in a round, and how sampling turns policy weights into p_i.
+
+Sampling probabilities are the sampler's own; aggregation weights are the weights
+policy's (computed over the sampled set every round). The three schemes of FedNova's
+appendix (Wang et al. 2020, Alg. 1 and the two unbiased variants):
+
+- ``uniform``: q clients uniformly without replacement (or all); p_i is the weights
+  policy's value, and the server divides by the cohort's weight sum.
+- ``with_replacement``: q draws with probability proportional to the static weights
+  (client sizes for ``weights = "size"``, equal for ``"uniform"``); a client drawn k times
+  gets weight k/q.
+- ``unbiased``: q clients uniformly without replacement, p_i = w_i / sum_all w * N / q,
+  and the server does not renormalise.
+
+The last two are defined for the static policies only (size, uniform).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import rng
+
+STATIC_WEIGHTS = ("size", "uniform")
+
+
+def sample_cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> np.ndarray:
+    """Sorted ids of the clients in round ``rnd``: uniform without replacement, or all."""
+    if per_round == 0 or per_round >= num_clients:
+        return np.arange(num_clients, dtype=np.int64)
+    gen = rng.numpy_rng(seed, rng.COHORT, rnd)
+    return np.sort(gen.choice(num_clients, size=per_round, replace=False)).astype(np.int64)
+
+
+class Sampler:
+    """Cohorts and the sampling factor of each member.
+
+    Parameters
+    ----------
+    scheme : {"uniform", "with_replacement", "unbiased"}
+    per_round : int
+        q, clients (or draws) per round; 0 means every client.
+    seed : int
+    static_weights : (N,) float64
+        w_i of a static weights policy over all clients (sampling probabilities of
+        ``with_replacement``, and the normaliser of ``unbiased``).
+    """
+
+    def __init__(self, scheme: str, per_round: int, seed: int, static_weights: np.ndarray):
+        self.scheme, self.q, self.seed = scheme, per_round, seed
+        self.static = np.asarray(static_weights, dtype=np.float64)
+        self.normalize = scheme != "unbiased"
+
+    def cohort(self, rnd: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(sorted unique cohort ids, draw counts or None)."""
+        n = len(self.static)
+        if self.scheme == "with_replacement":
+            gen = rng.numpy_rng(self.seed, rng.COHORT, rnd)
+            draws = gen.choice(n, size=self.q, replace=True, p=self.static / self.static.sum())
+            cohort, counts = np.unique(draws, return_counts=True)
+            return cohort.astype(np.int64), counts
+        return sample_cohort(self.seed, rnd, n, self.q), None
+
+    def weights(self, policy_weights: np.ndarray, cohort: np.ndarray, draws: np.ndarray | None) -> np.ndarray:
+        """Aggregation weights (k,) from the weights policy's values for the cohort."""
+        if self.scheme == "with_replacement":
+            return draws / self.q
+        if self.scheme == "unbiased":
+            return self.static[cohort] / self.static.sum() * len(self.static) / self.q
+        return policy_weights
