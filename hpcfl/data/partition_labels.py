@@ -144,12 +144,14 @@ def shards(labels, num_clients, opts: ShardsOptions, seed, dataset=None):
 class BiasedUnbiasedOptions:
     num_unbiased: int = field(default=1, metadata={"ge": 0})
     classes_per_client: int | None = field(default=None, metadata={"gt": 0})
+    shard: int | None = field(default=None, metadata={"gt": 0})   # default int(N / C / K)
 
 
 def biased_unbiased(labels, num_clients, opts: BiasedUnbiasedOptions, seed, dataset=None):
     """FedDisco NIID-2: K - U biased clients with P classes each and U unbiased ones.
 
-    shard = int(N / C / K); classes are taken in ascending index order (a stable sort by
+    shard = int(N / C / K) unless ``shard`` is given (a smaller shard fits datasets whose
+    classes are not all the same size, e.g. sklearn digits); classes are taken in ascending index order (a stable sort by
     label). With G = C // P (5 for CIFAR-10 with P = 2 and CIFAR-100 with P = 20): biased
     client i holds classes (P i + j) mod C and takes G * shard samples of each, from offset
     shard * G * (i // G); unbiased client i takes shard samples of every class from offset
@@ -168,7 +170,7 @@ def biased_unbiased(labels, num_clients, opts: BiasedUnbiasedOptions, seed, data
         raise ConfigError(f"data.biased_unbiased.num_unbiased = {opts.num_unbiased} exceeds "
                           f"data.num_clients = {k}")
     g = c // p
-    shard = int(n / c / k)
+    shard = opts.shard if opts.shard is not None else int(n / c / k)
     if shard == 0:
         raise ConfigError(f"data.biased_unbiased: {n} samples, {c} classes and {k} clients leave "
                           "shards of 0 samples; use fewer clients")

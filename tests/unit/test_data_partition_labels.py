@@ -149,3 +149,17 @@ def test_pareto_partition():
     x = 1 + np.random.default_rng(2).pareto(ParetoOptions().shape, size=30)
     parts = make_partition("pareto", y, 30, ParetoOptions(), 2)
     assert (class_counts(y, parts, 10)[np.argmax(x)] > 0).all()
+
+
+def test_biased_unbiased_explicit_shard_fits_uneven_classes():
+    # classes of 124..133 samples: the default shard int(1297/10/6) = 21 needs 126 of one class;
+    # shard 20 gives 5 biased clients x (2 classes x 100) and one unbiased x (10 x 20)
+    from hpcfl.data.partition_labels import BiasedUnbiasedOptions, biased_unbiased
+
+    counts = [128, 132, 127, 133, 131, 132, 131, 129, 124, 130]
+    labels = np.repeat(np.arange(10), counts)
+    parts = biased_unbiased(labels, 6, BiasedUnbiasedOptions(shard=20), seed=0)
+    assert [len(p) for p in parts] == [200] * 6
+    assert np.bincount(labels[parts[0]], minlength=10).tolist() == [100, 100] + [0] * 8
+    assert np.bincount(labels[parts[5]], minlength=10).tolist() == [20] * 10
+    assert len(np.unique(np.concatenate(parts))) == 1200
