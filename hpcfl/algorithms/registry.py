@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import policies as pol
+from .disco import DiscoOptions, DiscoWeights
 from .server import AverageRule, NovaOptions, NovaRule
 from .variates import Scaffold, VarianceReduction
 
@@ -52,6 +53,7 @@ STEPS = {
 WEIGHTS = {
     "size": lambda b: pol.SizeWeights(),
     "uniform": lambda b: pol.UniformWeights(),
+    "disco": lambda b: DiscoWeights(b.options),
 }
 SERVER = {
     "average": lambda b: AverageRule(b.num_params, _a(b).sampling != "unbiased"),
@@ -61,12 +63,14 @@ OPTIONS = {
     "random_epochs": pol.RandomEpochsOptions,
     "client_steps": pol.ClientStepsOptions,
     "nova": NovaOptions,
+    "disco": DiscoOptions,
 }
 PRESETS = {
     "fedavg": {"local": "sgd", "weights": "size", "server": "average"},
     "fedprox": {"local": "prox", "weights": "size", "server": "average"},
     "scaffold": {"local": "scaffold", "weights": "size", "server": "average"},
     "fednova": {"local": "sgd", "weights": "size", "server": "nova"},
+    "feddisco": {"local": "sgd", "weights": "disco", "server": "average"},
     "custom": {},
 }
 SLOTS = {"local": LOCAL, "steps": STEPS, "weights": WEIGHTS, "server": SERVER}
