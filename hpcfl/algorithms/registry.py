@@ -14,6 +14,7 @@ import torch
 
 from . import policies as pol
 from .disco import DiscoOptions, DiscoWeights
+from .gsnr import GsnrOptions, GsnrSteps
 from .server import AverageRule, NovaOptions, NovaRule
 from .variates import Scaffold, VarianceReduction
 
@@ -49,6 +50,7 @@ STEPS = {
     "random_epochs": lambda b: pol.RandomEpochSteps(b.options, _a(b).batch_size, b.cfg.run.seed,
                                                     _a(b).epoch_rounding),
     "client_steps": lambda b: pol.ClientSteps(b.options, b.cfg.run.seed),
+    "gsnr": lambda b: GsnrSteps(b.options, _a(b).local_steps, b.num_params),
 }
 WEIGHTS = {
     "size": lambda b: pol.SizeWeights(),
@@ -64,6 +66,7 @@ OPTIONS = {
     "client_steps": pol.ClientStepsOptions,
     "nova": NovaOptions,
     "disco": DiscoOptions,
+    "gsnr": GsnrOptions,
 }
 PRESETS = {
     "fedavg": {"local": "sgd", "weights": "size", "server": "average"},
@@ -71,6 +74,7 @@ PRESETS = {
     "scaffold": {"local": "scaffold", "weights": "size", "server": "average"},
     "fednova": {"local": "sgd", "weights": "size", "server": "nova"},
     "feddisco": {"local": "sgd", "weights": "disco", "server": "average"},
+    "fedgsnr": {"local": "sgd", "weights": "size", "server": "average", "steps": "gsnr"},
     "custom": {},
 }
 SLOTS = {"local": LOCAL, "steps": STEPS, "weights": WEIGHTS, "server": SERVER}

@@ -1,0 +1,117 @@
+"""FedGSNR through the engine and the client layer: exact shortcuts, invariance, reductions to the base."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+from runner import job, run_memory
+
+from hpcfl import models
+from hpcfl.algorithms import gsnr as gsnr_module
+from hpcfl.client import stats
+from hpcfl.params import FlatModel
+
+
+def mlp(dtype):
+    torch.manual_seed(0)
+    m = models.build_model("mlp", models.model_options("mlp")(hidden=(16,)), (12,), 5)
+    return FlatModel(m, torch.device("cpu"), dtype)
+
+
+def test_linear_shortcut_equals_per_sample_vmap_in_float64():
+    m = mlp(torch.float64)
+    x, y = torch.randn(40, 12, dtype=torch.float64), torch.randint(0, 5, (40,))
+    fast = stats.linear_moments(m.module, m.params, [x], [y], 64)[0]
+    names = dict(m.module.named_parameters())
+    grads = torch.func.vmap(torch.func.grad(
+        lambda p, xb, yb: F.cross_entropy(torch.func.functional_call(m.module, p, (xb[None],)), yb[None])),
+        in_dims=(None, 0, 0))({k: v.detach() for k, v in names.items()}, x, y)
+    g = torch.cat([grads[k].reshape(40, -1) for k in names], 1)
+    assert torch.allclose(fast[0], g.mean(0), rtol=1e-10, atol=1e-14)
+    assert torch.allclose(fast[1], g.var(0, unbiased=False), rtol=1e-9, atol=1e-14)
+
+
+@pytest.mark.parametrize("path", ["linear", "vmap"])
+def test_a_clients_moments_do_not_depend_on_the_clients_sharing_its_call(path, monkeypatch):
+    # each rank batches its own clients; 1, 2 and 3 ranks give different batches, the same values
+    if path == "vmap":
+        monkeypatch.setattr(stats, "_all_linear", lambda *a: False)
+    m = mlp(torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n, 12, generator=gen) for n in (64, 64, 30, 64, 64)]
+    ys = [torch.randint(0, 5, (len(x),), generator=gen) for x in xs]
+    together = stats.per_sample_moments_many(m.module, m.params, xs, ys, F.cross_entropy, 4096)
+    for i in (0, 2, 4):
+        alone = stats.per_sample_moments_many(m.module, m.params, [xs[i]], [ys[i]], F.cross_entropy, 64)[0]
+        pair = stats.per_sample_moments_many(m.module, m.params, xs[i - 1 : i + 1] if i else xs[:2],
+                                             ys[i - 1 : i + 1] if i else ys[:2], F.cross_entropy, 128)
+        mine = pair[1] if i else pair[0]
+        for a, b, c in zip(alone, together[i], mine):     # mu, then v: bit for bit
+            assert a.numpy().tobytes() == b.numpy().tobytes() == c.numpy().tobytes()
+
+
+def gsnr_job(**kw):
+    return job(**{"algorithm.name": "fedgsnr", "algorithm.local_steps": 4, "algorithm.clients_per_round": 5,
+                  "run.rounds": 3, **kw})
+
+
+def test_budget_is_shared_exactly_every_round():   # B7
+    _, metrics, clients = run_memory(gsnr_job(), MPI.COMM_SELF)
+    for m, c in zip(metrics, clients):
+        assert m["gsnr_sum_steps"] == 5 * 4 == int(c["steps"].sum())
+        assert np.all(c["gsnr_nopt"] >= 0) and np.all(np.isfinite(c["gsnr"]))
+        assert 0 < m["gsnr_entropy_norm"] <= 1 + 1e-12
+
+
+def test_uniform_n_opt_reduces_to_the_base_algorithm_bitwise(monkeypatch):   # U11
+    base = run_memory(job(**{"algorithm.local_steps": 4, "algorithm.clients_per_round": 5, "run.rounds": 3}),
+                      MPI.COMM_SELF)
+    real = gsnr_module.optimal_steps
+    monkeypatch.setattr(gsnr_module, "optimal_steps", lambda *a, **k: {**real(*a, **k), "n_opt": 0.37})
+    forced = run_memory(gsnr_job(), MPI.COMM_SELF)
+    assert forced[0].tobytes() == base[0].tobytes()
+    for m, b in zip(forced[1], base[1]):
+        assert m["test_accuracy"] == b["test_accuracy"] and m["train_loss"] == b["train_loss"]
+
+
+def test_observe_mode_measures_without_changing_training():
+    base = run_memory(job(**{"algorithm.local_steps": 4, "algorithm.clients_per_round": 5, "run.rounds": 3}),
+                      MPI.COMM_SELF)
+    seen = run_memory(gsnr_job(**{"algorithm.gsnr.step_mode": "observe"}), MPI.COMM_SELF)
+    assert seen[0].tobytes() == base[0].tobytes()
+    assert all(np.all(c["gsnr"] > 0) for c in seen[2])
+
+
+def test_clients_with_zero_n_opt_sit_out_and_weights_renormalise(monkeypatch):   # U4 in the engine
+    real = gsnr_module.optimal_steps
+    calls = {"n": 0}
+
+    def half_zero(*a, **k):
+        r = real(*a, **k)
+        calls["n"] += 1
+        return {**r, "n_opt": 0.0 if calls["n"] % 2 else r["n_opt"]}
+
+    monkeypatch.setattr(gsnr_module, "optimal_steps", half_zero)
+    _, _, clients = run_memory(gsnr_job(), MPI.COMM_SELF)
+    for c in clients:
+        out = c["gsnr_nopt"] == 0
+        assert out.any() and np.all(c["steps"][out] == 0) and np.all(c["weight"][out] == 0)
+        assert abs(c["weight"][~out].sum() - 1) < 1e-12 and int(c["steps"].sum()) == 20
+
+
+def test_scaffold_control_variate_uses_each_clients_own_steps():
+    _, _, clients = run_memory(gsnr_job(**{"algorithm.local": "scaffold"}), MPI.COMM_SELF)
+    for c in clients:   # plain SGD: ||a_i||_1 = E_i, the denominator of c_i+ (option II)
+        trained = c["steps"] > 0
+        assert np.array_equal(c["anorm"][trained], c["steps"][trained].astype(float))
+        assert len(set(c["steps"][trained].tolist())) > 1
+
+
+def test_gsnr_needs_a_budget():
+    from hpcfl import config, simulation
+    from hpcfl.errors import ConfigError
+
+    cfg = config.from_dict(job(**{"algorithm.name": "fedgsnr", "algorithm.local_steps": 0}))
+    with pytest.raises(ConfigError, match="algorithm.local_steps > 0"):
+        simulation.prepare(cfg, MPI.COMM_SELF)
