@@ -71,7 +71,7 @@ class GsnrSteps(Policy):
     def __init__(self, opts: GsnrOptions, e_const: int, num_params: int):
         if e_const <= 0:
             raise ConfigError("algorithm.steps = 'gsnr' shares a budget of algorithm.local_steps steps per client; "
-                              "set algorithm.local_steps > 0 (the paper's E_const, e.g. 20)")
+                              "set algorithm.local_steps > 0, the paper's E_const (e.g. --set algorithm.local_steps=20)")
         self.opts, self.e_const, self.num_params = opts, e_const, num_params
         self.values: np.ndarray | None = None   # (k, 4) [n_opt, gsnr, M, N] of the round's cohort
         self.L = float("nan")
