@@ -52,3 +52,12 @@ def assert_same_run(a_dir, b_dir):
             assert np.array_equal(a.metrics[k], b.metrics[k], equal_nan=True), f"metrics/{k} differs"
     for k in a.clients:
         assert np.array_equal(a.clients[k], b.clients[k], equal_nan=True), f"clients/{k} differs"
+
+
+def reference_run(tmp_path_factory, job_text: str, name: str = "ref"):
+    """Run ``job_text`` once, uninterrupted, into ``<tmp>/out``; returns the tmp folder."""
+    d = tmp_path_factory.mktemp(name)
+    (d / "job.toml").write_text(job_text)
+    p = hpcfl("run", str(d / "job.toml"), "--out", str(d / "out"))
+    assert p.returncode == 0, p.stderr
+    return d

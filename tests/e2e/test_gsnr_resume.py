@@ -1,12 +1,11 @@
 """A FedGSNR run (with SCAFFOLD's per-client state and FedDisco weights) killed and resumed
 on another rank count ends bitwise equal to the uninterrupted run; its records carry units."""
 
-import signal
 
 import h5py
 import numpy as np
 import pytest
-from clirun import assert_same_run, hpcfl
+from clirun import assert_same_run, hpcfl, reference_run
 
 JOB = """
 [run]
@@ -38,11 +37,7 @@ every = 2
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gsnr_ref")
-    (d / "job.toml").write_text(JOB)
-    p = hpcfl("run", str(d / "job.toml"), "--out", str(d / "out"))
-    assert p.returncode == 0, p.stderr
-    return d / "out"
+    return reference_run(tmp_path_factory, JOB, "gsnr_ref") / "out"
 
 
 @pytest.mark.parametrize("phase,rnd,ranks,resume_ranks", [("decide", 5, 0, 2), ("train", 3, 2, 3)])

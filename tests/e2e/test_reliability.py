@@ -10,7 +10,7 @@ import time
 
 import h5py
 import pytest
-from clirun import assert_same_run, hpcfl, kill_group, start
+from clirun import assert_same_run, hpcfl, kill_group, reference_run, start
 
 JOB = """
 [run]
@@ -41,11 +41,7 @@ keep = 3
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ref")
-    (d / "job.toml").write_text(JOB)
-    p = hpcfl("run", str(d / "job.toml"), "--out", str(d / "out"))
-    assert p.returncode == 0, p.stderr
-    return d
+    return reference_run(tmp_path_factory, JOB, "ref")
 
 
 def job(tmp_path):
