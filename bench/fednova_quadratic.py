@@ -93,7 +93,7 @@ def reference(cfg, e: np.ndarray) -> np.ndarray:
     """
     a = cfg.algorithm
     m = e.shape[0]
-    pol = ClientSteps(cfg.steps_options, cfg.run.seed)
+    pol = ClientSteps(cfg.policy_options["steps"], cfg.run.seed)
     x = np.zeros(e.shape[1])
     R = cfg.run.rounds
     for r in range(R):

@@ -36,6 +36,7 @@ from .control import RunControl
 from .errors import ConfigError
 from .params import FlatModel
 from .runtime import pick_device, pick_threads
+from .system.model import NO_STEPS
 
 
 @dataclass
@@ -143,7 +144,7 @@ class GuardStop(Exception):
     """Raised on every rank together when a guarded update stops the run (guard.policy = "stop")."""
 
 
-REJECTED = 5  # /clients/dropped code of an update refused by the guard
+REJECTED = 5  # /clients/dropped code of an update refused by the guard (system codes are 0-4)
 
 
 def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> RoundContext:
@@ -274,6 +275,7 @@ def _round_records(algo, ctx, sums, gathered, diag):
     ok = {c for c, (_, _, code) in done.items() if code == 0}
     total_w = sc["weight"]
     dropped = np.array(plan.reason if plan is not None else np.zeros(k), dtype=np.int8)
+    dropped[(np.asarray(ctx.steps) == 0) & (dropped == 0)] = NO_STEPS   # e.g. FedGSNR's n_opt = 0
     dropped[[j for j, c in enumerate(cohort) if c in done and done[c][2]]] = REJECTED
     clients = {
         "round": np.full(k, ctx.rnd), "client": cohort, "steps": ctx.steps,

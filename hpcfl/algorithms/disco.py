@@ -177,7 +177,8 @@ class DiscoWeights(Policy):
     computes the raw discrepancy of the clients it owns, and one gather gives every rank
     all of them. Per round: :func:`disco_weights` over the sampled set, the same on every
     rank. Combines with every local solver, steps policy and server rule (FedNova's
-    tau_eff becomes sum p tau; SCAFFOLD's control variates stay unweighted).
+    tau_eff becomes sum p ||a||_1, i.e. sum p tau under plain SGD; SCAFFOLD's control
+    variates stay unweighted).
     """
 
     client_fields = {

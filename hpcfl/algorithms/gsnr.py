@@ -16,14 +16,19 @@ The statistics phase, at the round-start model, on every rank for its cohort cli
 4. every rank allocates the same steps: E_k = N E_const n_opt,k / sum n_opt
    (largest-remainder rounding, E_min/E_max), or m n_opt,k ("scale"), or E_const
    ("observe": measure GSNR, train like the base algorithm). Clients with E_k = 0 do not
-   train and are not aggregated, so the weights renormalise over the others.
+   train and are not aggregated, so the weights renormalise over the others (except
+   with ``sampling = "unbiased"``, where the server never renormalises). A client whose
+   aggregation weight is 0 (FedDisco can give that) gets n_opt = 0: steps spent on it
+   would be averaged in with weight 0. If every n_opt is 0, every client runs E_const.
 
 E_const is ``algorithm.local_steps``. Combines with FedAvg, FedProx, SCAFFOLD (the
 statistics follow the corrected direction g + c - c_i when ``grad_source = "effective"``)
 and FedDisco weights. Statistics run with the model in eval mode (dropout off, batch
 norm on running statistics), where per-sample gradients are well defined. A rank's
 clients share vectorised calls of up to ``chunk`` samples (0: about 4M gradient values per
-call); ``chunk = stat_batch`` gives one client per call.
+call); with ``chunk = 1`` no two clients ever share a call. Models made only of linear
+layers under cross-entropy take an exact shortcut with no per-sample gradients
+(``hpcfl.client.stats.linear_moments``).
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ class GsnrOptions:
     r_max: float = field(default=1.0e6, metadata={"gt": 0})         # GSNR cap for logging
     chunk: int = field(default=0, metadata={"ge": 0})               # samples per vmap call; 0: auto
 
+    def validate(self) -> list[str]:
+        if self.max_steps and self.min_steps > self.max_steps:
+            return [f"min_steps = {self.min_steps} exceeds max_steps = {self.max_steps} (0 means no cap)"]
+        return []
+
 
 class GsnrSteps(Policy):
     """``steps = "gsnr"`` (see the module docstring)."""
@@ -65,7 +75,7 @@ class GsnrSteps(Policy):
         "gsnr_L": Field(np.float64, "grad^2", "||a_g||^2 of the global statistics"),
         "gsnr_entropy": Field(np.float64, "nats", "entropy of the step allocation q = n_opt / sum n_opt"),
         "gsnr_entropy_norm": Field(np.float64, "1", "allocation entropy divided by ln(cohort size)"),
-        "gsnr_sum_steps": Field(np.int64, "steps", "sum of the allocated local steps E_k"),
+        "gsnr_sum_steps": Field(np.int64, "steps", "sum of the local steps run (E_k after any [system] cut)"),
     }
 
     def __init__(self, opts: GsnrOptions, e_const: int, num_params: int):
@@ -109,10 +119,13 @@ class GsnrSteps(Policy):
             r = optimal_steps(*own[int(j)], mu_g, v_g, B, self.opts.r_max)
             mine.append([r["n_opt"], r["gsnr"], r["M"], r["N"]])
         self.values = ctx.collective.gather("gsnr_scalars", ctx.mine, np.array(mine).reshape(-1, 4), k)
+        self.values[ctx.weights == 0, 0] = 0.0   # weight 0: its update would count for nothing
         self.L = float(mu_g @ mu_g + v_g.sum() / B)
 
     def steps(self, ctx) -> np.ndarray:
         o, n_opt = self.opts, self.values[:, 0]
+        if not np.any(n_opt > 0):   # nobody aligned with the global statistics: the base round
+            return np.full(len(n_opt), self.e_const, dtype=np.int64)
         if o.step_mode == "budget":
             return allocate_steps(n_opt, self.e_const, o.min_steps, o.max_steps, o.exclude_zero)
         if o.step_mode == "scale":

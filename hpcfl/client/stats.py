@@ -67,9 +67,10 @@ def per_sample_moments(module: torch.nn.Module, params: list[torch.Tensor], x: t
     -------
     mu, v : torch.Tensor, shape (P,), float64, on the parameters' device
         P = sum of ``numel`` over ``params``, flattened in that order (the layout of
-        ``FlatModel.weights``). v is the 1/B (biased) variance. Both come from the
-        centered two-pass formula over the client's rows, in the model's dtype (no
-        cancellation, and no B x P float64 copy); pieces are merged in float64.
+        ``FlatModel.weights``). v is the 1/B (biased) variance. On the torch.func path
+        both come from the centered two-pass formula over the client's rows, in the
+        model's dtype (no cancellation, no B x P float64 copy), pieces merged in float64;
+        on the all-Linear path (:func:`linear_moments`) from S1 and S2 in float64.
 
     Raises
     ------

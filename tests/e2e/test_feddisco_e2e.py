@@ -74,7 +74,7 @@ def test_e2e2_niid2_partial_participation_disco_gains_and_is_steadier():
 
 
 def test_e2e4_a_zero_is_fedavg_bitwise_in_niid2():
-    # NIID-2 clients all hold 210 samples: with a = 0 the weights are uniform, i.e. FedAvg's
+    # NIID-2 clients all hold 200 samples: with a = 0 the weights are uniform, i.e. FedAvg's
     avg, _ = curve(table(FULL, 0, "size"))
     zero, clients = curve(table(FULL, 0, "disco", a=0.0))
     assert avg.tobytes() == zero.tobytes()

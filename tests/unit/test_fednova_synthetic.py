@@ -51,7 +51,7 @@ def final_train_loss(algorithm: str) -> float:
     assert (cfg.dataset_options.alpha, cfg.dataset_options.beta) == (1.0, 1.0)
     assert (cfg.model.name, a.lr, a.batch_size, a.clients_per_round, a.steps) == (
         "logreg", 0.02, 20, 9, "random_epochs")
-    assert (cfg.steps_options.low, cfg.steps_options.high) == (1, 5)
+    assert (cfg.policy_options["steps"].low, cfg.policy_options["steps"].high) == (1, 5)
     _, metrics, _ = run_memory(table, MPI.COMM_SELF)
     assert len(metrics) == 30
     return metrics[-1]["global_train_loss"]

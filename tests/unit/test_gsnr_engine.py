@@ -115,3 +115,41 @@ def test_gsnr_needs_a_budget():
     cfg = config.from_dict(job(**{"algorithm.name": "fedgsnr", "algorithm.local_steps": 0}))
     with pytest.raises(ConfigError, match="algorithm.local_steps > 0"):
         simulation.prepare(cfg, MPI.COMM_SELF)
+
+
+def test_sat_out_clients_are_recorded_as_no_steps(monkeypatch):
+    real = gsnr_module.optimal_steps
+    monkeypatch.setattr(gsnr_module, "optimal_steps",
+                        lambda *a, **k: {**real(*a, **k), "n_opt": 0.0 if a[0][0] > 0 else 0.5})
+    _, _, clients = run_memory(gsnr_job(), MPI.COMM_SELF)
+    for c in clients:
+        assert np.array_equal(c["dropped"] == 4, c["steps"] == 0)
+
+
+def test_scale_mode_with_every_n_opt_zero_runs_the_base_round(monkeypatch):
+    real = gsnr_module.optimal_steps
+    monkeypatch.setattr(gsnr_module, "optimal_steps", lambda *a, **k: {**real(*a, **k), "n_opt": 0.0})
+    _, _, clients = run_memory(gsnr_job(**{"algorithm.gsnr.step_mode": "scale", "algorithm.gsnr.m": 9.0}),
+                               MPI.COMM_SELF)
+    assert all(c["steps"].tolist() == [4] * 5 for c in clients)
+
+
+def test_min_steps_above_max_steps_is_a_config_error():
+    from hpcfl import config
+    from hpcfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm.gsnr: min_steps = 5 exceeds max_steps = 2"):
+        config.from_dict(gsnr_job(**{"algorithm.gsnr.min_steps": 5, "algorithm.gsnr.max_steps": 2}))
+
+
+def test_clients_with_zero_disco_weight_get_no_steps_and_the_budget_goes_to_the_rest():
+    # NIID-2, a = 1, b = 0: each biased client q = 1/6 - 1/5 < 0, so p = 0; the unbiased one takes all
+    table = {"run": {"name": "g", "seed": 0, "rounds": 2, "eval_every": 1},
+             "data": {"dataset": "digits", "digits": {"test_per_class": 50}, "partition": "biased_unbiased",
+                      "num_clients": 6, "biased_unbiased": {"num_unbiased": 1, "shard": 20}},
+             "model": {"name": "mlp", "mlp": {"hidden": [16]}},
+             "algorithm": {"name": "fedgsnr", "weights": "disco", "local_steps": 3, "disco": {"a": 1.0, "b": 0.0}},
+             "runtime": {"threads": 1, "progress": "none"}}
+    _, _, clients = run_memory(table, MPI.COMM_SELF)
+    for c in clients:
+        assert c["steps"].tolist() == [0] * 5 + [18] and c["weight"].tolist() == [0.0] * 5 + [1.0]
