@@ -3,11 +3,11 @@
 | slot          | choices (see :mod:`hpcfl.algorithms.registry`)                   |
 |---------------|-------------------------------------------------------------------|
 | local solver  | sgd (momentum, in-round lr decay), prox, scaffold, vr             |
-| steps policy  | epochs, fixed, random_epochs, client_steps                        |
-| weights       | size, uniform                                                     |
+| steps policy  | epochs, fixed, random_epochs, client_steps, gsnr (FedGSNR)        |
+| weights       | size, uniform, disco (FedDisco)                                   |
 | server rule   | average, nova (+ server optimizer: lr, momentum)                  |
 
-Paper names (fedavg, fedprox, scaffold, fednova, ...) are presets in the registry.
+Paper names (fedavg, fedprox, scaffold, fednova, feddisco, fedgsnr) are presets in the registry.
 
 The engine sees one :class:`Algorithm`: it runs the policies' hooks in the order of
 :mod:`hpcfl.algorithms.protocol` and owns the reduction buffer :class:`Layout`: each
