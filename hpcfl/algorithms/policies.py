@@ -159,5 +159,3 @@ class UniformWeights(_Weights):
     def __call__(self, rnd: int, clients: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         return np.ones(len(clients), dtype=np.float64)
 
-
-STEPS_OPTIONS = {"random_epochs": RandomEpochsOptions, "client_steps": ClientStepsOptions}
