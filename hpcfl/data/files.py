@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import pickle
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -24,53 +23,9 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from . import safe_pickle
 from .augment import normalize_images
 from .datasets import Dataset, DatasetSpec, check_arrays
-
-# ----------------------------------------------------------------- restricted unpickler
-
-
-def _np_reconstruct(subtype, shape, dtype):
-    if subtype is not np.ndarray:
-        raise pickle.UnpicklingError("only plain numpy arrays may be unpickled")
-    return np.ndarray.__new__(np.ndarray, shape, _np_dtype(dtype))
-
-
-def _np_dtype(spec, *args):
-    dt = spec if isinstance(spec, np.dtype) else np.dtype(spec, *args)
-    if dt.hasobject:
-        raise pickle.UnpicklingError("object arrays are not allowed")
-    return dt
-
-
-def _np_frombuffer(buf, dtype, shape, order):
-    return np.frombuffer(bytes(buf), dtype=_np_dtype(dtype)).reshape(shape, order=order).copy()
-
-
-def _codecs_encode(text, encoding="utf-8"):
-    if not isinstance(text, str) or encoding != "latin1":
-        raise pickle.UnpicklingError("unexpected _codecs.encode call")
-    return text.encode("latin1")
-
-
-_ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"): _np_reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _np_reconstruct,
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): _np_dtype,
-    ("numpy.core.numeric", "_frombuffer"): _np_frombuffer,
-    ("numpy._core.numeric", "_frombuffer"): _np_frombuffer,
-    ("_codecs", "encode"): _codecs_encode,
-}
-
-
-class _SafeUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        try:
-            return _ALLOWED[(module, name)]
-        except KeyError:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name}") from None
-
 
 def _open(path: str, expected: str):
     try:
@@ -82,13 +37,20 @@ def _open(path: str, expected: str):
 
 
 def read_pickle(path: str, expected: str) -> dict:
-    """Load a dict from a pickle with :class:`_SafeUnpickler`; keys become str."""
+    """Load a dict from a CIFAR-style pickle with :mod:`hpcfl.data.safe_pickle`; keys become str.
+
+    Only dicts, lists, tuples, str, bytes, numbers, None and bool/integer/float numpy
+    arrays can come out; anything else (another class, a function call, an object or
+    structured dtype) is a :class:`DataError` naming the file and what was refused.
+    """
     with _open(path, expected) as f:
         try:
-            obj = _SafeUnpickler(f, encoding="bytes").load()
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-                IndexError, KeyError, struct.error) as e:
-            raise DataError(f"{path} is truncated or not {expected} ({e})") from None
+            obj = safe_pickle.load(f)
+        except safe_pickle.Refused as e:
+            raise DataError(f"{path}: refusing to load {e}; expected {expected} (the loader accepts only "
+                            "dicts, lists, strings, numbers and bool/integer/float numpy arrays)") from None
+        except Exception as e:  # every failure of a corrupt or crafted stream is a data error
+            raise DataError(f"{path} is truncated or not {expected} ({type(e).__name__}: {e})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{path} holds a {type(obj).__name__}, not a dict; expected {expected}")
     return {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in obj.items()}

@@ -1,5 +1,6 @@
 """On-disk loaders: CIFAR pickle batches, IDX (plain and gzip), EMNIST, npz; error paths."""
 
+import collections
 import gzip
 import os
 import pickle
@@ -146,20 +147,358 @@ def test_cifar_truncated_and_inconsistent(tmp_path):
         load_dataset("cifar10", None, str(tmp_path), 0)
 
 
+# --------------------------------------------------- restricted unpickler: what it refuses
+#
+# Hand-made pickles use the opcodes of pickletools: c GLOBAL, R REDUCE, b BUILD, ( MARK,
+# t TUPLE, ) EMPTY_TUPLE, } EMPTY_DICT, ] EMPTY_LIST, u SETITEMS, e APPENDS, i INST, V UNICODE
+# (protocol 0), X BINUNICODE, B BINBYTES, J BININT, \x85/\x86/\x87 TUPLE1-3, \x88/\x89 True/False,
+# \x81 NEWOBJ, \x82 EXT1, P/Q PERSID/BINPERSID, \x8f/\x90 EMPTY_SET/ADDITEMS.
+
+
+def _g(module: str, name: str) -> bytes:
+    return f"c{module}\n{name}\n".encode()
+
+
+def _u(s: str) -> bytes:
+    return b"X" + struct.pack("<I", len(s.encode())) + s.encode()
+
+
+def _b(b: bytes) -> bytes:
+    return b"B" + struct.pack("<I", len(b)) + b  # BINBYTES
+
+
+def _i(v: int) -> bytes:
+    return b"J" + struct.pack("<i", v)
+
+
+def _tuple(*items: bytes) -> bytes:
+    return b"(" + b"".join(items) + b"t"
+
+
+_DTYPE_STATE = (3, "|", None, None, None, -1, -1, 0)
+
+
+def _val(v) -> bytes:
+    if v is None:
+        return b"N"
+    if isinstance(v, int):
+        return _i(v)
+    if isinstance(v, tuple):
+        return _tuple(*map(_val, v))
+    if isinstance(v, dict):
+        return b"}(" + b"".join(_val(k) + _val(x) for k, x in v.items()) + b"u"
+    return _u(v)
+
+
+def _state(st) -> bytes:
+    return _val(tuple(st))
+
+
+def _dtype(spec="u1", state=_DTYPE_STATE) -> bytes:
+    return _g("numpy", "dtype") + _u(spec) + b"\x89\x88\x87R" + (_state(state) + b"b" if state else b"")
+
+
+def _array(shape=(2, 3), dtype=None, raw=None, raw_op=None, subtype=None, reconstruct="numpy._core.multiarray",
+           args=None, state=None) -> bytes:
+    """numpy's own protocol-2..4 layout: _reconstruct(ndarray, (0,), b'b') BUILD (1, shape, dtype, False, raw).
+
+    Each keyword replaces one part with other opcodes (raw_op: the opcodes of the data item)."""
+    raw_op = raw_op or _b(bytes(int(np.prod(shape))) if raw is None else raw)
+    args = args if args is not None else (subtype or _g("numpy", "ndarray")) + _i(0) + b"\x85" + _b(b"b") + b"\x87"
+    st = state if state is not None else _tuple(_i(1), _tuple(*map(_i, shape)), dtype or _dtype(), b"\x89", raw_op)
+    return _g(reconstruct, "_reconstruct") + args + b"R" + st + b"b"
+
+
+def _batch(data: bytes, labels=b"]") -> bytes:
+    """A protocol-4 CIFAR-10 dict {b'batch_label', b'labels', b'data'} around a hand-made value."""
+    return (b"\x80\x04}(" + _b(b"batch_label") + _b(b"crafted") + _b(b"labels") + labels
+            + _b(b"data") + data + b"u.")
+
+
+def _refused(tmp_path, blob: bytes, what: str):
+    path = tmp_path / "crafted_batch"
+    path.write_bytes(blob)
+    with pytest.raises(DataError, match=rf"crafted_batch: refusing to load {what}") as e:
+        read_pickle(str(path), "a CIFAR-10 python batch")
+    return str(e.value)
+
+
+def test_handmade_pickles_are_numpy_layout(tmp_path):
+    """The crafting helpers above make what numpy makes: a clean one loads (the refusals
+    below then differ from it in the one thing they test)."""
+    p = tmp_path / "b"
+    p.write_bytes(_batch(_array((2, 3), raw=bytes(range(6))), labels=b"](" + _i(4) + _i(7) + b"e"))
+    d = read_pickle(str(p), "x")
+    assert d["batch_label"] == b"crafted" and d["labels"] == [4, 7]
+    assert d["data"].dtype == np.uint8 and d["data"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    p.write_bytes(_batch(_array((2,), dtype=_dtype("i4", (3, ">", None, None, None, -1, -1, 0)),
+                                raw=b"\x00\x00\x00\x05\xff\xff\xff\xfe")))
+    assert read_pickle(str(p), "x")["data"].tolist() == [5, -2]
+    p.write_bytes(_batch(_array((2, 3), reconstruct="numpy.core.multiarray", raw=bytes(6))))
+    assert read_pickle(str(p), "x")["data"].shape == (2, 3)
+
+
 class Evil:
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
     def __reduce__(self):
-        return (os.system, ("echo pwned",))
+        return (self.fn, self.args)
 
 
-def test_restricted_unpickler_refuses_classes(tmp_path):
+def _code_payloads(marker: str):
+    import subprocess
+
+    touch = f"touch {marker}"
+    yield "os.system, protocol 0", b"cos\nsystem\n(V" + touch.encode() + b"\ntR.", r"the global os\.system"
+    yield "os.system via INST", b"(V" + touch.encode() + b"\nios\nsystem\n.", r"the global os\.system"
+    yield "posix.system in a batch", pickle.dumps({b"data": Evil(os.system, touch), b"labels": []}, protocol=2), \
+        r"the global (posix|os)\.system"
+    yield "builtins.eval", b"c__builtin__\neval\n(V" + f"open({marker!r}, 'w').close()".encode() + b"\ntR.", \
+        r"the global __builtin__\.eval"
+    yield "builtins.exec, protocol 4", pickle.dumps(Evil(exec, f"open({marker!r}, 'w').close()"), protocol=4), \
+        r"the global builtins\.exec"
+    yield "subprocess.call, protocol 5", pickle.dumps(Evil(subprocess.call, ["touch", marker]), protocol=5), \
+        r"the global subprocess\.call"
+    yield "os.system after a valid array", pickle.dumps(
+        {b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": Evil(os.system, touch)}, protocol=2), \
+        r"the global (posix|os)\.system"
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _code_payloads("m")])
+def test_refuses_code_execution(tmp_path, case):
+    marker = str(tmp_path / "marker")
+    blob, what = {c[0]: c[1:] for c in _code_payloads(marker)}[case]
+    pickle.loads(blob)  # the payload is live: a plain unpickler runs it
+    assert os.path.exists(marker)
+    os.remove(marker)
+    _refused(tmp_path, blob, what)
+    assert not os.path.exists(marker)
+
+
+def test_refuses_code_execution_in_a_cifar_dir(tmp_path):
     d = write_cifar10(str(tmp_path))
-    path = os.path.join(d, "test_batch")
-    open(path, "wb").write(pickle.dumps({b"data": Evil(), b"labels": []}))
-    with pytest.raises(DataError, match=r"test_batch is truncated or not .*refusing to load (posix|os)\.system"):
+    marker = tmp_path / "marker"
+    with open(os.path.join(d, "test_batch"), "wb") as f:
+        f.write(pickle.dumps({b"data": Evil(os.system, f"touch {marker}"), b"labels": []}))
+    with pytest.raises(DataError, match=r"test_batch: refusing to load the global (posix|os)\.system; "
+                                        r"expected a CIFAR-10 python batch"):
         load_dataset("cifar10", None, str(tmp_path), 0)
-    open(path, "wb").write(pickle.dumps({b"data": np.array([object()], dtype=object), b"labels": []}))
-    with pytest.raises(DataError, match="test_batch"):
-        load_dataset("cifar10", None, str(tmp_path), 0)
+    assert not marker.exists()
+
+
+class Plain:
+    pass
+
+
+@pytest.mark.parametrize("blob, what", [
+    (pickle.dumps({b"data": collections.OrderedDict(a=1)}, protocol=2), r"the global collections\.OrderedDict"),
+    (pickle.dumps(collections.OrderedDict(a=1), protocol=5), r"the global collections\.OrderedDict"),
+    (pickle.dumps({b"labels": [np.int64(3)]}, protocol=2), r"the global numpy\.(_)?core\.multiarray\.scalar"),
+    (pickle.dumps(Plain(), protocol=0), r"the global copy_reg\._reconstructor"),
+    (pickle.dumps(Plain(), protocol=4), r"the global \S*test_data_files\.Plain"),
+    (_g("numpy", "load") + _tuple(_u("/etc/passwd")) + b"R.", r"the global numpy\.load"),
+    (_g("numpy", "frombuffer") + _tuple(_b(bytes(8)), _u("O")) + b"R.", r"the global numpy\.frombuffer"),
+    (_g("numpy.core.multiarray", "scalar") + _tuple(_dtype("u1"), _b(b"\x01")) + b"R.", r"the global numpy\.core"),
+    (_g("builtins", "getattr") + _tuple(_g("numpy", "dtype"), _u("__init__")) + b"R.", r"the global builtins\.getattr"),
+    # what the allowed globals will not do: bytes() with data, _codecs.encode to anything but latin1,
+    # BUILD on a global (setting its attributes), a global or dtype left as a value, a set
+    (_g("builtins", "bytes") + _tuple(_i(5)) + b"R.", r"bytes with 1 positional"),
+    (_g("_codecs", "encode") + _tuple(_u("x"), _u("rot13")) + b"R.", r"a _codecs\.encode call other than"),
+    (_g("numpy", "dtype") + b"}(" + _u("__defaults__") + _tuple(_u("O8")) + b"ub.", r"BUILD on numpy\.dtype"),
+    (b"}(" + _b(b"data") + _g("numpy", "dtype") + b"u.", r"the global numpy\.dtype as a value"),
+    (b"}(" + _b(b"data") + _dtype("u1") + b"u.", r"a numpy dtype as a value"),
+    (b"\x80\x04\x8f(" + _i(1) + b"\x90.", r"an object of type set"),
+    (b"\x80\x02P" + b"os.system\n.", r"a persistent id 'os.system'"),
+    (b"\x80\x02" + _u("x") + b"Q.", r"a persistent id 'x'"),
+], ids=["OrderedDict-p2", "OrderedDict-p5", "numpy-scalar", "copyreg", "plain-class", "numpy.load",
+        "numpy.frombuffer", "numpy-scalar-crafted", "getattr", "bytes-args", "codecs-rot13",
+        "build-on-global", "global-as-value", "dtype-as-value", "set", "persid", "binpersid"])
+def test_refuses_other_objects(tmp_path, blob, what):
+    _refused(tmp_path, blob, what)
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_refuses_object_arrays(tmp_path, protocol):
+    arr = np.array([1, "x", None], dtype=object)
+    _refused(tmp_path, pickle.dumps({b"data": arr, b"labels": [0]}, protocol=protocol), r"numpy dtype 'O8'")
+
+
+@pytest.mark.parametrize("blob, what", [
+    # a uint8 dtype whose BUILD state sets the object flags (63) as numpy writes them for 'O8'
+    (_batch(_array(dtype=_dtype("u1", (3, "|", None, None, None, -1, -1, 63)))), r"numpy dtype 'u1' with state"),
+    # a valid dtype with object data: a list instead of bytes, as numpy writes for object arrays
+    (_batch(_array((2,), raw_op=b"](" + _g("os", "getcwd") + b"e")), r"the global os\.getcwd"),
+    (_batch(_array((2,), raw_op=b"](" + _i(1) + _i(2) + b"e")), r"numpy array data of type list \(object arrays"),
+    (_batch(_array((1,), dtype=_dtype("O8", (3, "|", None, None, None, -1, -1, 63)))), r"numpy dtype 'O8'"),
+    (_batch(_array((1,), dtype=_dtype("O4"))), r"numpy dtype 'O4'"),
+], ids=["object-flags", "object-data-global", "object-data-list", "O8", "O4"])
+def test_refuses_object_arrays_crafted(tmp_path, blob, what):
+    _refused(tmp_path, blob, what)
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+@pytest.mark.parametrize("dtype", [
+    [("a", "u1"), ("b", "<f4")], [("a", "u1", (2,))], "V4", "S3", "U2", "M8[s]", "m8[D]", "c8", "f16",
+], ids=["struct", "struct-subarray", "void", "bytes", "unicode", "datetime", "timedelta", "complex", "longdouble"])
+def test_refuses_structured_and_other_dtypes(tmp_path, protocol, dtype):
+    arr = np.zeros(2, dtype=dtype)
+    _refused(tmp_path, pickle.dumps({b"data": arr, b"labels": [0, 1]}, protocol=protocol), r"numpy dtype '")
+
+
+@pytest.mark.parametrize("state, what", [
+    ((3, "|", None, ("a",), {"a": 1}, 2, 1, 16), "state"),           # names, fields
+    ((3, "|", ("x",), None, None, -1, -1, 0), "state"),                # subarray
+    ((3, "|", None, None, None, 8, 1, 0), "state"),                    # elsize
+    ((4, "|", None, None, None, -1, -1, 0, "meta"), "state"),          # metadata
+    ((2, "|", None, None, None, -1, -1, 0), "state"),                  # unknown version
+    ((3, "!", None, None, None, -1, -1, 0), "byte order '!'"),
+    ("not a tuple", "state"),
+])
+def test_refuses_crafted_dtype_state(tmp_path, state, what):
+    blob = _batch(_array(dtype=_g("numpy", "dtype") + _u("u1") + b"\x89\x88\x87R"
+                         + (_state(state) if isinstance(state, tuple) else _u(state)) + b"b"))
+    _refused(tmp_path, blob, rf"numpy dtype .*{what}")
+
+
+@pytest.mark.parametrize("blob, what", [
+    # numpy.ndarray called directly, as __reduce__ tricks would: ndarray((2,), 'O') and with a buffer
+    (_batch(_g("numpy", "ndarray") + _tuple(_tuple(_i(2)), _u("O")) + b"R"), r"a call of numpy\.ndarray"),
+    (pickle.dumps({b"data": Evil(np.ndarray, (2,), "O")}, protocol=2), r"a call of numpy\.ndarray"),
+    (pickle.dumps({b"data": Evil(np.ndarray, (2,), np.dtype(object))}, protocol=5), r"numpy dtype 'O8'"),
+    (pickle.dumps({b"data": Evil(np.ndarray, (2,), "u1", b"ab")}, protocol=4), r"a call of numpy\.ndarray"),
+    (_batch(_g("numpy", "ndarray") + _tuple(_i(1)) + b"b"), r"BUILD on numpy\.ndarray"),
+    (b"}(" + _b(b"data") + _g("numpy", "ndarray") + b"u.", r"numpy\.ndarray as a value"),
+    # _reconstruct with another subtype or other arguments than numpy's (0,), b'b'
+    (_batch(_array(subtype=_g("numpy", "dtype"))), r"_reconstruct of a _Global"),
+    (_batch(_array(args=_g("numpy", "ndarray") + _i(5) + b"\x85" + _u("O") + b"\x87")), r"_reconstruct arguments"),
+    (_batch(_array(args=_tuple(_g("numpy", "ndarray")))), r"_reconstruct with 1 positional"),
+    # BUILD states that are not (1, shape, dtype, is_fortran, bytes), a dtype used before its
+    # BUILD, a second BUILD, an array never built
+    (_batch(_array(state=_tuple(_i(1), _tuple(_i(-3)), _dtype(), b"\x89", _b(b"")))), r"numpy array shape"),
+    (_batch(_array(state=_tuple(_i(1), _u("2"), _dtype(), b"\x89", _b(b"ab")))), r"numpy array shape"),
+    (_batch(_array(state=_tuple(_i(1), _tuple(*[_i(1)] * 40), _dtype(), b"\x89", _b(b"a")))), r"numpy array shape"),
+    (_batch(_array(state=_tuple(_i(1), _tuple(_i(2)), _u("u1"), b"\x89", _b(b"ab")))), r"str where a numpy dtype"),
+    (_batch(_array(state=_tuple(_i(1), _tuple(_i(2)), _dtype(), _u("yes"), _b(b"ab")))),
+     r"numpy array is_fortran 'yes'"),
+    (_batch(_array(state=_tuple(_i(2), _tuple(_i(2)), _dtype(), b"\x89", _b(b"ab")))), r"numpy array state"),
+    (_batch(_array(state=_i(0))), r"numpy array state of type int"),
+    (_batch(_array((2,), dtype=_dtype(state=None))), r"numpy dtype 'u1' without its BUILD state"),
+    (_batch(_array((2,), raw=bytes(2)) + _tuple(_i(1), _tuple(_i(2)), _dtype(), b"\x89", _b(b"ab")) + b"b"),
+     r"a second BUILD on a numpy array"),
+    (_batch(_dtype() + _state(_DTYPE_STATE) + b"b"), r"a second BUILD on a numpy dtype"),
+    (_batch(_g("numpy._core.multiarray", "_reconstruct") + _g("numpy", "ndarray") + _i(0) + b"\x85" + _b(b"b")
+            + b"\x87R"), r"a numpy array without its BUILD state"),
+    # protocol 5 _frombuffer: only bytes, a checked dtype, C or F order
+    (_batch(_g("numpy._core.numeric", "_frombuffer") + _tuple(_b(bytes(2)), _dtype("O8"), _tuple(_i(2)), _u("C"))
+            + b"R"), r"numpy dtype 'O8'"),
+    (_batch(_g("numpy._core.numeric", "_frombuffer") + _tuple(b"](e", _dtype(), _tuple(_i(2)), _u("C"))
+            + b"R"), r"numpy array data of type list"),
+    (_batch(_g("numpy._core.numeric", "_frombuffer") + _tuple(_b(bytes(2)), _dtype(), _tuple(_i(2)), _u("K"))
+            + b"R"), r"_frombuffer order 'K'"),
+    (_batch(_g("numpy._core.numeric", "_frombuffer") + _tuple(_b(bytes(2)), _dtype(), _tuple(_i(2)), _u("C"))
+            + b"R" + _tuple(_i(1), _tuple(_i(2)), _dtype(), b"\x89", _b(b"ab")) + b"b"),
+     r"a second BUILD on a numpy array"),
+], ids=["ndarray-call", "ndarray-reduce-str-O", "ndarray-reduce-dtype-O", "ndarray-reduce-buffer", "ndarray-build",
+        "ndarray-value", "reconstruct-subtype", "reconstruct-args", "reconstruct-arity", "shape-negative",
+        "shape-str", "shape-40-dims", "dtype-str", "fortran-str", "state-version", "state-int",
+        "dtype-unbuilt", "array-build-twice", "dtype-build-twice", "array-unbuilt", "frombuffer-object",
+        "frombuffer-list", "frombuffer-order", "frombuffer-build"])
+def test_refuses_ndarray_tricks(tmp_path, blob, what):
+    _refused(tmp_path, blob, what)
+
+
+@pytest.mark.parametrize("blob, what", [
+    (_batch(_g("numpy", "ndarray") + b")\x81"), r"NEWOBJ class argument must be a type, not _NdarrayToken"),
+    (_batch(_g("numpy", "dtype") + _tuple(_u("O8")) + b"\x81"), r"NEWOBJ class argument must be a type"),
+    (b"\x80\x02\x82\x01.", r"unregistered extension code 1"),
+], ids=["newobj-ndarray", "newobj-dtype", "ext1"])
+def test_unpickler_level_rejections_are_data_errors(tmp_path, blob, what):
+    """Opcodes that never reach find_class (NEWOBJ, extension codes) fail in
+    the unpickler itself; they are data errors too."""
+    p = tmp_path / "crafted_batch"
+    p.write_bytes(blob)
+    with pytest.raises(DataError, match=rf"crafted_batch is truncated or not x .*({what})"):
+        read_pickle(str(p), "x")
+
+
+def test_wrong_size_is_a_data_error_and_refusals_leave_no_trace(tmp_path):
+    p = tmp_path / "b"
+    p.write_bytes(_batch(_array((2, 3), raw=bytes(5))))
+    with pytest.raises(DataError, match=r"b is truncated or not x .*needs 6 bytes, found 5"):
+        read_pickle(str(p), "x")
+    # BUILD on numpy.dtype was refused above; the allowed globals are unchanged and still work
+    _refused(tmp_path, _g("numpy", "dtype") + b"}(" + _u("__defaults__") + _tuple(_u("O8")) + b"ub.", "BUILD")
+    p.write_bytes(pickle.dumps({b"data": np.arange(4, dtype=np.uint8)}, protocol=2))
+    assert read_pickle(str(p), "x")["data"].tolist() == [0, 1, 2, 3]
+
+
+# -------------------------------------------------- restricted unpickler: what it accepts
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4, 5])
+def test_numpy_arrays_of_plain_dtypes_roundtrip(tmp_path, protocol):
+    arrays = {
+        b"data": np.random.default_rng(0).integers(0, 256, (4, 3072), dtype=np.uint8),
+        b"i8": np.arange(-3, 3, dtype=np.int64),
+        b"be": np.arange(6, dtype=">i4").reshape(2, 3),
+        b"f4F": np.asfortranarray(np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4)),
+        b"f2": np.array([0.5, -2], dtype=np.float16),
+        b"bool": np.array([True, False, True]),
+        b"0d": np.array(7, dtype=np.uint16),
+        b"empty": np.zeros((0, 3072), dtype=np.uint8),
+    }
+    p = tmp_path / "b"
+    p.write_bytes(pickle.dumps({**arrays, b"labels": [1, 2, 3, 4], b"batch_label": b"", b"meta": ("x", 1.5, None)},
+                               protocol=protocol))
+    d = read_pickle(str(p), "x")
+    for k, a in arrays.items():
+        got = d[k.decode()]
+        assert type(got) is np.ndarray and got.dtype == a.dtype and got.shape == a.shape, k
+        assert np.array_equal(got, a), k
+        assert got.flags.writeable
+    assert d["f4F"].flags.f_contiguous and d["labels"] == [1, 2, 3, 4] and d["meta"] == ("x", 1.5, None)
+    assert d["batch_label"] == b""
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_cifar10_and_cifar100_from_python3_pickles(tmp_path, protocol):
+    """Batches as ``pickle.dumps`` writes them from real numpy arrays (py2 cPickle files are
+    covered by the roundtrip tests above, loaded with encoding='bytes')."""
+    rng = np.random.default_rng(protocol)
+    d10 = tmp_path / "c10" / "cifar-10-batches-py"
+    d10.mkdir(parents=True)
+    want10 = []
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data, labels = rng.integers(0, 256, (3, 3072), dtype=np.uint8), rng.integers(0, 10, 3).tolist()
+        want10.append((data, labels))
+        (d10 / name).write_bytes(pickle.dumps({b"batch_label": b"batch", b"labels": labels, b"data": data,
+                                               b"filenames": [b"x.png"] * 3}, protocol=protocol))
+    (d10 / "batches.meta").write_bytes(pickle.dumps({b"label_names": [b"cat"] * 10, b"num_cases_per_batch": 3,
+                                                     b"num_vis": 3072}, protocol=protocol))
+    ds = load_dataset("cifar10", build("cifar10", {"normalize": "none"}), str(tmp_path / "c10"), 0)
+    assert ds.y_train.tolist() == sum((lab for _, lab in want10[:5]), [])
+    assert ds.y_test.tolist() == want10[5][1]
+    np.testing.assert_allclose(ds.x_train.reshape(15, 3072), np.concatenate([x for x, _ in want10[:5]]) / 255.0,
+                               atol=1e-6)
+
+    d100 = tmp_path / "c100" / "cifar-100-python"
+    d100.mkdir(parents=True)
+    want100 = {}
+    for name, n in (("train", 5), ("test", 2)):
+        entry = {b"filenames": [b"a.png"] * n, b"batch_label": b"training batch 1 of 1",
+                 b"fine_labels": rng.integers(0, 100, n).tolist(), b"coarse_labels": rng.integers(0, 20, n).tolist(),
+                 b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8)}
+        want100[name] = entry
+        (d100 / name).write_bytes(pickle.dumps(entry, protocol=protocol))
+    (d100 / "meta").write_bytes(pickle.dumps({b"fine_label_names": [b"f"] * 100,
+                                              b"coarse_label_names": [b"c"] * 20}, protocol=protocol))
+    fine = load_dataset("cifar100", build("cifar100", {"normalize": "none"}), str(tmp_path / "c100"), 0)
+    assert fine.num_classes == 100 and fine.y_train.tolist() == want100["train"][b"fine_labels"]
+    assert fine.y_test.tolist() == want100["test"][b"fine_labels"]
+    np.testing.assert_allclose(fine.x_test.reshape(2, 3072), want100["test"][b"data"] / 255.0, atol=1e-6)
+    coarse = load_dataset("cifar100", build("cifar100", {"labels": "coarse"}), str(tmp_path / "c100"), 0)
+    assert coarse.num_classes == 20 and coarse.y_train.tolist() == want100["train"][b"coarse_labels"]
 
 
 def test_missing_root():
