@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -30,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a config key, e.g. --set algorithm.lr=0.05 (repeatable)")
     r.add_argument("--out", help="output directory (default runs/<run.name>)")
     r.add_argument("--force", action="store_true",
-                   help="start over: delete the results and checkpoints already in --out")
+                   help="start over: set the results and checkpoints in --out aside (deleted once the new run "
+                        "has written its first checkpoint)")
     r.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                    help="resume although KEY (one that is safe to change, e.g. run.rounds) differs (repeatable)")
     sub.add_parser("info", help="ranks, devices, MPI library and versions")
@@ -65,51 +68,94 @@ def _exit_all(code: int) -> None:
     os._exit(code)
 
 
-def _plan_run(cfg, out: Path, args):
+@dataclass
+class Plan:
+    """What rank 0 decided from the job and the files in ``--out`` (nothing changed yet)."""
+
+    mode: str                      # "fresh", "resume" or "done"
+    run_id: str
+    ckpt_dir: Path
+    loaded: object = None          # hpcfl.io.checkpoint.Loaded when resuming
+    notes: list = field(default_factory=list)
+    replace: list = field(default_factory=list)   # the old run's files, set aside by --force
+
+
+def _plan_run(cfg, out: Path, args) -> Plan:
     """Rank 0: fresh start, resume from a checkpoint, or already done (docs/reliability.md).
 
-    Returns (mode, loaded checkpoint or None, messages to print).
+    Only reads: every path and ownership problem is raised here, before the job's data
+    is loaded and long before anything is moved or written (see :func:`_commit`).
     """
     from . import config
-    from .io import results
+    from .io import results, rundir
     from .io.checkpoint import CheckpointStore
 
     ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
-    # Nothing is created before the job is known to be valid: a store makes its directory.
-    store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.exists() else None
+    rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
+    rundir.check_writable(ckpt_dir, "checkpoint.dir", "set checkpoint.dir to a directory you can write, or leave "
+                                                      "it unset for <out>/checkpoints")
+    store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.is_dir() else None
     path = out / "results.h5"
     if args.force:
-        for f in [path] + ([p for _, p in store.list()] if store else []):
-            f.unlink(missing_ok=True)
-        if store:
-            store.clean_temp()
-        return "fresh", None, store, []
+        rundir.check_owner(ckpt_dir, None, path)
+        old = [path] + ([p for _, p in store.list()] + [ckpt_dir / rundir.MARKER] if store else [])
+        return Plan("fresh", rundir.new_run_id(), ckpt_dir, replace=old)
     found = results.status(path)
     if found is None:
+        rundir.check_owner(ckpt_dir, None, path)
         if store and store.list():
             raise HpcflError(f"{store.directory} holds checkpoints but {path} is missing; remove them, choose "
                              f"another --out, or pass --force to start over")
-        return "fresh", None, store, []
+        return Plan("fresh", rundir.new_run_id(), ckpt_dir)
     state, old = found
-    changed = config.changed_keys(old, cfg.to_dict()) if old else []
+    changed, problem = config.resume_changes(old, cfg) if old else ([], None)
+    if problem:
+        raise HpcflError(f"resuming {out}: {problem}")
     unsafe = [k for k in changed if not config.is_safe_change(k)]
     if unsafe:
         raise HpcflError(f"{out} holds results of a different job (differs in {', '.join(unsafe)}); choose another "
-                         f"--out, or pass --force to overwrite it")
+                         f"--out, or pass --force to set the old run aside and start over")
     unnamed = [k for k in changed if k not in args.allow_change]
     if unnamed:
         raise HpcflError(f"resuming {out} with changed {', '.join(unnamed)}: these are safe to change; confirm with "
                          + " ".join(f"--allow-change {k}" for k in unnamed))
+    old_id = results.run_id(path)
+    rundir.check_owner(ckpt_dir, old_id, path)
+    run_id = old_id or rundir.new_run_id()
     if store is None:
-        return "fresh", None, None, [f"no checkpoint in {ckpt_dir}; starting from round 0"]
-    store.clean_temp()
+        return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting from round 0"])
     loaded = store.load_latest()
     notes = [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
     if loaded is None:
-        return "fresh", None, store, notes + [f"no valid checkpoint in {store.directory}; starting from round 0"]
+        return Plan("fresh", run_id, ckpt_dir, notes=notes + [f"no valid checkpoint in {ckpt_dir}; starting from "
+                                                              f"round 0"])
     if state == "finished" and loaded.round >= cfg.run.rounds:
-        return "done", loaded, store, notes
-    return "resume", loaded, store, notes + [f"resuming from {loaded.path.name} (round {loaded.round})"]
+        return Plan("done", run_id, ckpt_dir, loaded, notes)
+    return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (round "
+                                                             f"{loaded.round})"])
+
+
+def _commit(cfg, out: Path, plan: Plan):
+    """Rank 0, once every rank has validated the job and found its data: set the old run
+    aside (``--force``), create ``--out``, claim the checkpoint directory.
+
+    Returns (checkpoint store, the set-aside folder or None).
+    """
+    from .io import rundir
+    from .io.checkpoint import CheckpointStore
+
+    try:
+        aside = rundir.set_aside(out, plan.replace)
+        if aside is not None:
+            plan.notes.append(f"--force: the previous run is set aside in {aside}; it is deleted once this run "
+                              f"has written its first checkpoint")
+        out.mkdir(parents=True, exist_ok=True)
+        rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
+        store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
+        store.clean_temp()
+    except OSError as exc:
+        raise HpcflError(f"cannot prepare {out} ({exc}); choose a directory you can write with --out") from None
+    return store, aside
 
 
 def cmd_run(args, comm) -> int:
@@ -120,7 +166,7 @@ def cmd_run(args, comm) -> int:
     from .runtime import versions
 
     t_start = time.perf_counter()
-    err, cfg, setup, out, plan = None, None, None, None, ("fresh", None, None, [])
+    err, cfg, setup, out, plan, store, aside = None, None, None, None, None, None, None
     try:
         cfg = config.load(args.job, args.overrides)
         out = Path(args.out or Path("runs") / cfg.run.name)
@@ -135,14 +181,17 @@ def cmd_run(args, comm) -> int:
     except HpcflError as exc:
         err = exc
     _agree(comm, err)
-    mode, loaded, store, notes = plan
+    # The job is valid and its data found on every rank: only now may rank 0 change files.
+    if comm.rank == 0 and plan.mode != "done":
+        try:
+            store, aside = _commit(cfg, out, plan)
+        except HpcflError as exc:
+            err = exc
+    _agree(comm, err)
+    loaded = plan.loaded if comm.rank == 0 else None
+    mode, start = comm.bcast((plan.mode, loaded.round if loaded else 0) if comm.rank == 0 else None, root=0)
     if comm.rank == 0:
-        from .io.checkpoint import CheckpointStore
-        out.mkdir(parents=True, exist_ok=True)
-        store = store or CheckpointStore(Path(cfg.checkpoint.dir or out / "checkpoints"), keep=cfg.checkpoint.keep)
-    mode, start = comm.bcast((mode, loaded.round if loaded else 0), root=0)
-    if comm.rank == 0:
-        for note in notes:
+        for note in plan.notes:
             print(f"hpcfl: {note}", flush=True)
     if mode == "done":
         signals.ignore()
@@ -157,7 +206,7 @@ def cmd_run(args, comm) -> int:
     history: list[dict] = []
     if comm.rank == 0:
         counts = setup.class_counts
-        attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "versions": versions(),
+        attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "run_id": plan.run_id, "versions": versions(),
                  "world_size": comm.size, "devices": devices, "seed": cfg.run.seed}
         writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
                                metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
@@ -177,6 +226,7 @@ def cmd_run(args, comm) -> int:
         progress.update(metrics)
 
     def checkpoint(done, x_now, sim_now):
+        nonlocal aside
         arrays = resume.capture(setup, x_now)
         failure = None
         if comm.rank == 0:
@@ -185,6 +235,10 @@ def cmd_run(args, comm) -> int:
                            manifest={"world_size": comm.size, "config_sha256": cfg.digest(), "versions": versions()})
             except HpcflError as exc:
                 failure = str(exc)
+            if failure is None and aside is not None:   # the new run can now resume on its own
+                shutil.rmtree(aside, ignore_errors=True)
+                print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)
+                aside = None
         failure = comm.bcast(failure, root=0)
         if failure:
             if comm.rank == 0:
@@ -192,7 +246,7 @@ def cmd_run(args, comm) -> int:
                 writer.close()
             _exit_all(1)
 
-    control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s)
+    control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s, cfg.checkpoint.every_minutes)
     try:
         x = simulation.run(setup, on_round=on_round, start=start, sim_time=sim_time, x=x, control=control,
                            checkpoint=checkpoint)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +30,11 @@ STEPS_POLICIES = tuple(registry.STEPS)
 WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
 SERVER_RULES = tuple(registry.SERVER)
 SAMPLING = ("uniform", "with_replacement", "unbiased")
-PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (ARCHITECTURE section 2)
+PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (docs/algorithms/)
 POLICY_SLOTS = ("local", "steps", "weights", "server")
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,13 @@ class RunSection:
     rounds: int = field(default=10, metadata={"gt": 0})
     eval_every: int = field(default=1, metadata={"ge": 0})  # 0: evaluate after the last round only
     eval_train: bool = False  # also evaluate the global model on the whole training set (F(x) = sum p_i F_i)
+
+    def validate(self) -> list[str]:
+        # runs/<name> must stay inside runs/ and be one plain folder name
+        if not RUN_NAME.fullmatch(self.name) or self.name in (".", ".."):
+            return [f"run.name = {self.name!r} must be a plain name of letters, digits, '.', '_' and '-' "
+                    f"(no '/', no '..', no spaces), e.g. run.name = \"dirichlet_a0.5_seed1\""]
+        return []
 
 
 @dataclass(frozen=True)
@@ -75,12 +86,18 @@ class AlgorithmSection:
     server_lr: float = field(default=1.0, metadata={"gt": 0})
     server_momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     lr_schedule: str = field(default="constant", metadata={"choices": ("constant", "step")})
-    lr_milestones: tuple[float, ...] = field(default=(0.5, 0.75), metadata={"gt": 0, "lt": 1})
+    lr_milestones: tuple[float, ...] = field(default=(0.5, 0.75), metadata={"gt": 0, "lt": 1})  # of run.rounds
+    lr_milestone_rounds: tuple[int, ...] | None = field(default=None, metadata={"ge": 1})  # instead, in rounds
     lr_gamma: float = field(default=0.1, metadata={"gt": 0, "le": 1})
     local_lr_decay: float = field(default=1.0, metadata={"gt": 0, "le": 1})
 
     def validate(self) -> list[str]:
         p = []
+        if self.lr_milestone_rounds is not None:
+            if self.lr_schedule != "step":
+                p.append("algorithm.lr_milestone_rounds is used only with algorithm.lr_schedule = 'step'")
+            if list(self.lr_milestone_rounds) != sorted(set(self.lr_milestone_rounds)):
+                p.append(f"algorithm.lr_milestone_rounds = {list(self.lr_milestone_rounds)} must be increasing")
         if self.local == "vr" and (self.clients_per_round != 0 or self.sampling != "uniform"):
             p.append("algorithm.local = 'vr' (FedNova variance reduction) needs full participation: "
                      "set algorithm.clients_per_round = 0")
@@ -116,7 +133,8 @@ class RuntimeSection:
 
 @dataclass(frozen=True)
 class CheckpointSection:
-    every: int = field(default=0, metadata={"ge": 0})   # rounds between checkpoints; 0: only at stops and the end
+    every: int = field(default=0, metadata={"ge": 0})   # rounds between checkpoints; 0: off
+    every_minutes: float = field(default=10.0, metadata={"ge": 0})  # wall-clock minutes between them; 0: off
     keep: int = field(default=3, metadata={"ge": 2})
     dir: str | None = None                                # default <out>/checkpoints
 
@@ -348,6 +366,52 @@ def changed_keys(old: dict, new: dict) -> list[str]:
     """Dotted keys whose values differ between two ``Config.to_dict()`` dicts."""
     a, b = flatten(old), flatten(new)
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+SCHEDULE_KEYS = ("algorithm.lr_milestones", "algorithm.lr_milestone_rounds")
+
+
+def resume_changes(old: dict, new: "Config") -> tuple[list[str], str | None]:
+    """(changed keys, schedule problem or None) between a stored job and a resuming one.
+
+    Keys a newer hpcfl added are not changes when the resuming job leaves them at their
+    default. The lr milestones are compared as the rounds they resolve to, so giving the
+    same schedule in rounds instead of fractions is no change; a different resolved
+    schedule (a new ``run.rounds`` moves fractional milestones) is a problem with the
+    exact ``--set`` that keeps the original one.
+    """
+    from .algorithms import milestone_rounds
+
+    a, b = flatten(old), flatten(new.to_dict())
+    defaults = flatten(_defaults())
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+               and not (k not in a and k in defaults and b.get(k) == defaults[k])]
+    if not any(k.startswith("algorithm.lr_") or k == "run.rounds" for k in changed):
+        return changed, None
+    alg, rounds = old.get("algorithm", {}), old.get("run", {}).get("rounds", new.run.rounds)
+    before = milestone_rounds(alg.get("lr_schedule", "constant"), alg.get("lr_milestones", (0.5, 0.75)),
+                              alg.get("lr_milestone_rounds"), rounds)
+    now = milestone_rounds(new.algorithm.lr_schedule, new.algorithm.lr_milestones, new.algorithm.lr_milestone_rounds,
+                           new.run.rounds)
+    if before == now:
+        return [k for k in changed if k not in SCHEDULE_KEYS], None
+    if alg.get("lr_schedule", "constant") != new.algorithm.lr_schedule or alg.get("lr_gamma") != new.algorithm.lr_gamma:
+        return changed, None   # a different schedule altogether: reported as a changed key
+    problem = (f"the lr milestones would move from rounds {list(before)} to {list(now)} (counted from 0; "
+               f"run.rounds {rounds} -> {new.run.rounds})")
+    if before:
+        problem += (f". To keep the schedule of the original run, add --set algorithm.lr_milestone_rounds="
+                    f"[{','.join(map(str, before))}]")
+    return [k for k in changed if k not in SCHEDULE_KEYS], problem + "; to change it, start a new run " \
+        "(another --out, or --force)"
+
+
+def _defaults() -> dict:
+    """Section defaults as a nested dict (sections only; components have their own tables)."""
+    return {name: dataclasses.asdict(cls()) for name, cls in
+            (("run", RunSection), ("algorithm", AlgorithmSection), ("runtime", RuntimeSection),
+             ("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
+             ("results", ResultsSection))}
 
 
 def is_safe_change(key: str) -> bool:

@@ -2,7 +2,7 @@
 
 See docs/reliability.md for the protocol. Nothing here talks to MPI except through the
 ``comm`` passed in; the round loop calls :meth:`RunControl.phase` when it enters a phase
-and :meth:`RunControl.should_stop` once per round (a collective).
+and :meth:`RunControl.boundary` once per round (a collective).
 """
 
 from __future__ import annotations
@@ -95,12 +95,18 @@ class RunControl:
     comm : MPI communicator
     guard : hpcfl.config.GuardSection
     watchdog_s : float
+    checkpoint_minutes : float
+        Wall-clock minutes between checkpoints, measured on rank 0 from the start of the
+        run or the last checkpoint; 0 turns the clock off (``checkpoint.every`` and stops
+        still checkpoint).
     """
 
-    def __init__(self, comm, guard, watchdog_s: float):
+    def __init__(self, comm, guard, watchdog_s: float, checkpoint_minutes: float = 0.0):
         self.comm, self.guard = comm, guard
         self.watchdog = Watchdog(comm, watchdog_s)
         self.faults = FaultInjector(comm.rank)
+        self.interval = 60.0 * checkpoint_minutes
+        self.last_checkpoint = time.monotonic()
 
     def phase(self, name: str, rnd: int) -> None:
         self.watchdog.enter(name, rnd)
@@ -121,7 +127,17 @@ class RunControl:
         """Collective: every rank's guard problems (for policy "stop")."""
         return [p for part in self.comm.allgather(problems) for p in part]
 
-    def should_stop(self) -> str | None:
-        """Collective: the first stop signal any rank received, or None."""
-        flags = self.comm.allgather(stop_requested())
-        return next((f for f in flags if f), None)
+    def boundary(self) -> tuple[str | None, bool]:
+        """Collective at a round end: (the first stop signal any rank received or None,
+        whether a checkpoint is due by the wall clock).
+
+        Only rank 0's clock counts, so every rank takes the same decision from the same
+        allgather; ranks' clocks need not agree.
+        """
+        due = self.interval > 0 and time.monotonic() - self.last_checkpoint >= self.interval
+        flags = self.comm.allgather((stop_requested(), due))
+        return next((f for f, _ in flags if f), None), flags[0][1]
+
+    def checkpointed(self) -> None:
+        """A checkpoint was written: the wall-clock interval starts again."""
+        self.last_checkpoint = time.monotonic()

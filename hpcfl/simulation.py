@@ -1,4 +1,4 @@
-"""The round loop (ARCHITECTURE section 3), and nothing else.
+"""The round loop (docs/architecture.md), and nothing else.
 
 :func:`prepare` builds everything a rank needs (data, partition, model, policies);
 :func:`run` is the loop, readable top to bottom:
@@ -250,12 +250,14 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             if on_round is not None:
                 on_round(metrics, clients)
 
-        # 8. round boundary: agree on stop requests; checkpoint when due, on a stop, at the end
-        stop = control.should_stop()
+        # 8. round boundary: agree on stop requests; checkpoint when due (rounds or rank 0's
+        # wall clock), on a stop, at the end
+        stop, timely = control.boundary()
         done = rnd + 1
-        if checkpoint is not None and (stop or done == cfg.run.rounds or (every and done % every == 0)):
+        if checkpoint is not None and (stop or timely or done == cfg.run.rounds or (every and done % every == 0)):
             control.phase("checkpoint", rnd)
             checkpoint(done, x, sim_time)
+            control.checkpointed()
         if stop:
             raise Stopped(f"stopped by {stop} after round {rnd} with a checkpoint")
     return x

@@ -1,4 +1,4 @@
-"""An algorithm is a combination of four policies (ARCHITECTURE section 2).
+"""An algorithm is a combination of four policies (docs/architecture.md, docs/algorithms/).
 
 | slot          | choices (see :mod:`hpcfl.algorithms.registry`)                   |
 |---------------|-------------------------------------------------------------------|
@@ -59,15 +59,25 @@ class Layout:
         return {name: buf[s] for name, s in self.slices.items()}
 
 
-def round_lr(cfg, rnd: int, rounds: int) -> float:
-    """The client lr of round ``rnd``: constant, or multiplied by lr_gamma at each milestone.
+def milestone_rounds(schedule: str, milestones, milestone_rounds, rounds: int) -> tuple[int, ...]:
+    """The rounds (counted from 0) from which the client lr is multiplied once more by lr_gamma.
 
-    Milestones are fractions of the run: (0.5, 0.75) with gamma 0.1 is FedNova's
-    [CODE] schedule (x0.1 from round floor(R/2), x0.01 from floor(0.75 R); fednova.md A3).
+    ``milestone_rounds`` when given; else the fractions ``milestones`` of ``rounds``:
+    (0.5, 0.75) is FedNova's code schedule, x0.1 from round floor(R/2) and x0.01 from
+    floor(0.75 R) (docs/algorithms/fednova.md). Plain values, so the resume check can
+    resolve a stored job's schedule from its dict as well.
     """
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    passed = sum(rnd >= int(m * rounds) for m in cfg.lr_milestones)
+    if schedule == "constant":
+        return ()
+    if milestone_rounds is not None:
+        return tuple(int(m) for m in milestone_rounds)
+    return tuple(int(m * rounds) for m in milestones)
+
+
+def round_lr(cfg, rnd: int, rounds: int) -> float:
+    """The client lr of round ``rnd`` (from 0): lr times lr_gamma per milestone passed."""
+    passed = sum(rnd >= m for m in milestone_rounds(cfg.lr_schedule, cfg.lr_milestones, cfg.lr_milestone_rounds,
+                                                     rounds))
     return cfg.lr * cfg.lr_gamma**passed
 
 

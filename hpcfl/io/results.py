@@ -3,9 +3,9 @@
 Layout (every ``/metrics`` and ``/clients`` dataset is 1-D, resizable, and grows by
 one row per round or per participating client; the file is flushed after every round)::
 
-    /                      attrs: config (JSON), config_sha256, versions (JSON), world_size,
-                                  devices (JSON list, one per rank), seed, hpcfl_version,
-                                  status ("running" | "finished")
+    /                      attrs: config (JSON), config_sha256, run_id, versions (JSON: hpcfl,
+                                  torch, ...), world_size, devices (JSON list, one per rank),
+                                  seed, status ("running" | "finished"), resumed_at_round
     /metrics/round                 int64    round index, 0-based
     /metrics/train_loss            float64  weight-averaged mean local mini-batch loss
     /metrics/test_accuracy         float64  NaN on rounds without evaluation
@@ -174,7 +174,9 @@ class ResultsWriter:
                     for k, v in ds.attrs.items():
                         new_ds.attrs[k] = v
             new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
-            for k in ("world_size", "devices", "versions"):   # describe the latest attempt
+            for k in ("world_size", "devices", "versions", "run_id"):   # the latest attempt (id: older files)
+                if k not in attrs:
+                    continue
                 v = attrs[k]
                 new.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
             new.attrs["status"] = "running"
@@ -309,6 +311,16 @@ def status(path: Path) -> tuple[str, dict] | None:
             return str(f.attrs.get("status", "running")), json.loads(f.attrs.get("config", "{}"))
     except (OSError, ValueError):
         return "unreadable", {}
+
+
+def run_id(path: Path) -> str | None:
+    """The run id of an existing results file (None when absent: unreadable, or older hpcfl)."""
+    try:
+        with _open(Path(path), "r", swmr=True) as f:
+            v = f.attrs.get("run_id")
+            return None if v is None else str(v)
+    except (OSError, ValueError):
+        return None
 
 
 def metric_rows(path: Path) -> list[dict]:

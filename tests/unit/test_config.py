@@ -104,3 +104,59 @@ def test_missing_and_invalid_job_files(tmp_path):
     bad.write_text("[run\nrounds = 3\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         config.load(bad)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ".", "", "has space", "-flag", "x" * 129])
+def test_run_name_must_be_a_plain_name(name):
+    (msg,) = problems(with_(["run", "name"], name))
+    assert msg.startswith("run.name") and "plain name" in msg
+
+
+def test_run_name_accepts_plain_names():
+    for name in ("quickstart", "dir_a0.5-seed3", "_x", "R1"):
+        assert config.from_dict(with_(["run", "name"], name)).run.name == name
+
+
+def test_lr_milestone_rounds_validation_and_schedule():
+    from hpcfl.algorithms import milestone_rounds, round_lr
+    step = with_(["algorithm", "lr_schedule"], "step")
+    assert problems(with_(["algorithm", "lr_milestone_rounds"], [3, 2], step)) == [
+        "algorithm.lr_milestone_rounds = [3, 2] must be increasing"]
+    assert "only with algorithm.lr_schedule = 'step'" in problems(with_(["algorithm", "lr_milestone_rounds"], [2]))[0]
+    assert "algorithm.lr_milestone_rounds" in problems(with_(["algorithm", "lr_milestone_rounds"], [0], step))[0]
+    cfg = config.from_dict(with_(["algorithm", "lr_milestone_rounds"], [1, 2], step))
+    assert [round_lr(cfg.algorithm, r, 3) for r in range(3)] == pytest.approx([0.05, 0.005, 0.0005], rel=1e-12)
+    # fractions: int(m * R) for R = 20 gives rounds 10 and 15
+    assert milestone_rounds("step", (0.5, 0.75), None, 20) == (10, 15)
+    assert milestone_rounds("constant", (0.5, 0.75), None, 20) == ()
+
+
+def test_resume_changes_compares_the_resolved_lr_schedule():
+    step = with_(["algorithm", "lr_schedule"], "step", with_(["run", "rounds"], 20))
+    old = config.from_dict(step).to_dict()
+    longer = with_(["run", "rounds"], 40, step)
+    changed, problem = config.resume_changes(old, config.from_dict(longer))
+    assert changed == ["run.rounds"]
+    assert problem.startswith("the lr milestones would move from rounds [10, 15] to [20, 30]")
+    assert "--set algorithm.lr_milestone_rounds=[10,15]" in problem
+    kept = config.from_dict(with_(["algorithm", "lr_milestone_rounds"], [10, 15], longer))
+    assert config.resume_changes(old, kept) == (["run.rounds"], None)
+    # the same schedule given in rounds instead of fractions is no change at all
+    same = config.from_dict(with_(["algorithm", "lr_milestone_rounds"], [10, 15], step))
+    assert config.resume_changes(old, same) == ([], None)
+    # a constant lr has no milestones to move
+    flat = with_(["run", "rounds"], 20)
+    assert config.resume_changes(config.from_dict(flat).to_dict(), config.from_dict(with_(["run", "rounds"], 40))) \
+        == (["run.rounds"], None)
+    # another gamma is another schedule: an ordinary changed key, no schedule message
+    changed, problem = config.resume_changes(old, config.from_dict(with_(["algorithm", "lr_gamma"], 0.5, longer)))
+    assert changed == ["algorithm.lr_gamma", "run.rounds"] and problem is None
+
+
+def test_keys_added_by_a_newer_version_at_their_default_are_no_change():
+    old = config.from_dict(BASE).to_dict()
+    del old["checkpoint"]["every_minutes"]             # a job stored before the key existed
+    assert config.resume_changes(old, config.from_dict(BASE)) == ([], None)
+    changed, _ = config.resume_changes(old, config.from_dict(with_(["checkpoint", "every_minutes"], 5.0)))
+    assert changed == ["checkpoint.every_minutes"]
+    assert problems(with_(["checkpoint", "every_minutes"], -1.0))[0].startswith("checkpoint.every_minutes")
