@@ -1,13 +1,13 @@
-"""Workload W (bench/W.md) as a bare PyTorch loop: the reference for hpcfl's speed.
+"""Workload W (docs/workloads.md) as a bare PyTorch loop: the reference for hpcfl's speed.
 
     OMP_NUM_THREADS=2 python bench/bare_w.py --threads 2
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m mpi4py bench/bare_w.py --threads 1
 
 The same SGD work as ``jobs/bench_w.toml``, written the way one would without hpcfl:
 
-* data: W.md's recipe, one ``numpy.random.default_rng(0)`` (the noise is drawn in
+* data: W's recipe, one ``numpy.random.default_rng(0)`` (the noise is drawn in
   chunks to bound memory; numpy's stream makes that identical to one draw, and
-  ``--check-data`` verifies W.md's SHA-256 prefixes);
+  ``--check-data`` verifies W's SHA-256 prefixes);
 * partition: hpcfl's ``dirichlet`` function (NIID-Bench ``noniid-labeldir``, alpha 0.5,
   min 10 samples, seed 0), so the client sizes are exactly hpcfl's;
 * cohort: 10 of 100 clients uniformly without replacement, drawn with the same seeded
@@ -22,7 +22,7 @@ The same SGD work as ``jobs/bench_w.toml``, written the way one would without hp
 * evaluation: every 5 rounds and after the last, 1000-sample test chunks split over
   ranks, correct counts summed with a small Allreduce.
 
-Prints one line per round, then the figures W.md asks for: steady seconds per round
+Prints one line per round, then W's figures: steady seconds per round
 (mean over rounds 2-20, evaluation rounds included, rank 0's clock), whole-process wall
 time, start-up before round 1 (both from the process start as the kernel records it),
 peak RSS per rank (``resource.getrusage``) and the final test accuracy. ``--json PATH``
@@ -70,7 +70,7 @@ CHUNK = 4096
 
 
 def make_data(seed: int = 0):
-    """W.md's arrays; noise drawn in chunks (same stream as one draw, less memory)."""
+    """W's arrays; noise drawn in chunks (same stream as one draw, less memory)."""
     rng = np.random.default_rng(seed)
     means = rng.standard_normal((10, 3, 32, 32), dtype=np.float32)
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--check-data", action="store_true", help="verify W.md's SHA-256 prefixes (about 1 s)")
+    ap.add_argument("--check-data", action="store_true", help="verify workload W's SHA-256 prefixes (about 1 s)")
     ap.add_argument("--json", help="write the figures here (rank 0)")
     a = ap.parse_args(argv)
 
@@ -143,8 +143,8 @@ def main(argv=None) -> int:
         got = {"x_train": sha16(x_np), "y_train": sha16(y_np), "x_test": sha16(xt_np), "y_test": sha16(yt_np)}
         bad = {k: v for k, v in got.items() if v != W_SHA16[k]}
         if bad:
-            raise SystemExit(f"data differ from W.md: {bad}")
-        say("data: SHA-256 prefixes match W.md")
+            raise SystemExit(f"data differ from workload W: {bad}")
+        say("data: SHA-256 prefixes match workload W")
     from hpcfl.data.partition import DirichletOptions, dirichlet
     parts = dirichlet(y_np, a.clients, DirichletOptions(alpha=0.5, min_samples=10), a.seed)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)

@@ -1,4 +1,4 @@
-"""FedGSNR vs FedAvg at small scale: rounds to a target accuracy (FedGSNR checks B5 and B6).
+"""FedGSNR vs FedAvg at small scale: rounds to a target accuracy (checks B5 and B6, docs/workloads.md).
 
 GMM-10 (20 features, 10 classes, 6 modes per class, drawn from seed 0), MLP 20-64-10,
 batch / statistics batch 64, E_const = 10 local steps, lr 0.05, 100 rounds, evaluated

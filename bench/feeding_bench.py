@@ -3,7 +3,7 @@
     python bench/feeding_bench.py [--threads 2] [--subset 0] [--client 5000] [--epochs 2] [--repeats 5]
 
 One client of ``--client`` samples (drawn without replacement from W's training set,
-bench/W.md, sorted like hpcfl's partitions) trains LeNet-5 (hpcfl's ``lenet5``) with SGD
+docs/workloads.md, sorted like hpcfl's partitions) trains LeNet-5 (hpcfl's ``lenet5``) with SGD
 lr 0.01, batch 32, for ``--epochs`` epochs: E * ceil(n / 32) steps, last batch of each
 epoch partial, in every variant:
 
@@ -18,7 +18,7 @@ epoch partial, in every variant:
   with ``torch.optim.SGD`` and ``backward()``, to separate feeding from the flat-vector
   update.
 
-Data: W's x_train (50,000 CIFAR-shaped samples, W.md's generator) or, with
+Data: W's x_train (50,000 CIFAR-shaped samples, W's generator) or, with
 ``--subset N``, its first N rows (the same values, cheaper to generate). Threads are
 fixed (``torch.set_num_threads``; OMP_NUM_THREADS is set to match when unset). One
 warm-up epoch per variant, then ``--repeats`` timed repeats, interleaved across variants
@@ -56,7 +56,7 @@ from hpcfl.params import FlatModel  # noqa: E402
 
 
 def w_train(n: int):
-    """The first n rows of W's (x_train, y_train): same stream as W.md's recipe."""
+    """The first n rows of W's (x_train, y_train): same stream as W's recipe."""
     rng = np.random.default_rng(0)
     means = rng.standard_normal((10, 3, 32, 32), dtype=np.float32)
     y = rng.integers(0, 10, size=50000)[:n]

@@ -1,4 +1,4 @@
-"""hpcfl versus the bare PyTorch loop on workload W (bench/W.md), in one sitting.
+"""hpcfl versus the bare PyTorch loop on workload W (docs/workloads.md), in one sitting.
 
     python bench/w_compare.py [--out runs/w_compare] [--no-float] [--timeout 900]
     python bench/w_compare.py --report-only [--out runs/w_compare]   # table again, no runs
@@ -280,7 +280,7 @@ def report(results: dict, loads: list, out: Path, num_rounds: int) -> None:
     for label, a_, b_ in pairs:
         print(f"{label:<28} | {ratio(a_, b_, 'steady_s_per_round'):>6.3f}x | {ratio(a_, b_, 'steady_line_s'):>6.3f}x | "
               f"{ratio(a_, b_, 'steady_median_s'):>6.3f}x | {paired(a_, b_):>6.3f}x"
-              + ("   (W.md: about 0.78x)" if label.startswith("bare 2x1") else ""))
+              + ("   (reference: about 0.78x)" if label.startswith("bare 2x1") else ""))
     print("  (paired median: median over rounds 2-N of t_a(r) / t_b(r); both runs train the same cohort in "
           "round r, so this is the figure least moved by load bursts)")
     if "hpcfl_2x1_float" in results:

@@ -10,13 +10,14 @@ Update for one local step k (g = mini-batch gradient at x_k, x0 = round-start mo
     x_{k+1} = x_k - lr_t * gamma**k * u             # lr_t: the round's lr; gamma: in-round decay
 
 References: FedProx (Li et al. 2020, eq. 2); SCAFFOLD (Karimireddy et al. 2020, Alg. 1,
-option II); the momentum convention is PyTorch's (dampening 0), as in fednova.md 3.1.
+option II); the momentum convention is PyTorch's (dampening 0), as in FedNova (Wang et al.
+2020, Sec. 4.1 and App. B.2). Equations and options: docs/algorithms/.
 
 The normaliser ||a||_1 (FedNova: Delta = -lr * sum_k a_k g_k) is tracked for every
-solver with the "shadow scalar" of fednova.md 3.1: the same update run on a 1-D dummy
+solver with a "shadow scalar": the same update run on a 1-D dummy
 parameter starting at 0 whose gradient is always 1; then ||a||_1 = -x_shadow / lr.
 It is kept in normalised form A = -x_shadow / lr (u_s <- rho u_s + 1 - mu lr A;
-A <- A + gamma**k u_s), which is exactly fednova.md's incremental recurrences (A += 1
+A <- A + gamma**k u_s), which reproduces the incremental recurrences of FedNova's code (A += 1
 for SGD, so A is an exact integer; c = rho c + 1, A += c for momentum;
 A = A(1 - lr mu) + 1 for prox) and holds for any combination of them.
 """
@@ -36,7 +37,7 @@ class SolverSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     mu: float = 0.0
-    decay: float = 1.0   # gamma: the k-th local step uses lr * gamma**k (fednova.md 3.1)
+    decay: float = 1.0   # gamma: the k-th local step uses lr * gamma**k (Wang et al. 2020, Sec. 4.1)
 
 
 class LocalSolver:

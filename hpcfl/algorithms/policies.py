@@ -21,10 +21,11 @@ from .protocol import Policy
 
 
 def epoch_steps(epochs: np.ndarray | int, sizes: np.ndarray, batch_size: int, rounding: str = "ceil") -> np.ndarray:
-    """Local steps of E epochs over n_i samples with batch B (fednova.md 3.8, A2).
+    """Local steps of E epochs over n_i samples with batch B (docs/algorithms/fedavg.md).
 
     "ceil": E * ceil(n_i / B), full epochs including a partial last batch (FedNova's
-    [CODE], the default); "floor": max(1, floor(E * n_i / B)), the paper's formula.
+    released code, the default); "floor": max(1, floor(E * n_i / B)), the formula of the
+    FedNova paper (Wang et al. 2020, Sec. 2).
     """
     n = sizes.astype(np.int64)
     if rounding == "floor":
@@ -82,7 +83,7 @@ class RandomEpochsOptions:
 
 
 class RandomEpochSteps(_Steps):
-    """tau_i(t) = E_i(t) epochs, E_i(t) ~ U{low..high} (fednova.md 4.2, A1).
+    """tau_i(t) = E_i(t) epochs, E_i(t) ~ U{low..high} (Wang et al. 2020, Sec. 6; integer epochs).
 
     The CIFAR setting E ~ U(2,5) and the synthetic E ~ U(1,5) of the FedNova paper. The
     draw is keyed by (seed, round, client), never by rank or list position.
@@ -106,7 +107,7 @@ class ClientStepsOptions:
     ``steps = [2, 8]`` gives client i the count ``steps[i mod len]``. Otherwise
     ``dist = "uniform"`` draws integers low..high, ``dist = "normal"`` draws
     round(N(mean, std)) clipped to [low, high] (FedNova's quadratic experiment:
-    mean 30, std 20, in [1, 96], fednova.md 7.1). ``per_round = false`` draws once per
+    mean 30, std 20, in [1, 96]; Wang et al. 2020, Fig. 2). ``per_round = false`` draws once per
     client (fixed heterogeneous tau); true draws afresh every round.
     """
 

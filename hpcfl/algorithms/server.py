@@ -10,11 +10,11 @@ server optimizer applies it::
 
 With beta = 0 this is ``x + server_lr * agg``: plain FedAvg for server_lr = 1. With
 beta > 0 it is FedAvgM (Hsu et al. 2019). FedNova's SlowMo-style server momentum
-(fednova.md 3.5) divides D by the round's client lr eta_t and multiplies back:
+(Wang et al. 2020, Sec. 5, as in the authors' code) divides D by the round's client lr eta_t and multiplies back:
 ``buf = beta * buf + D / eta_t; x <- x - eta_t * buf`` (``lr_scaled = True``); the two
 agree when eta_t is constant.
 
-The weight normaliser is the cohort's weight sum (Alg. 1 of fednova.md 3.4, the
+The weight normaliser is the cohort's weight sum (FedNova's App. H, Alg. 1; the
 default) or 1 when the sampling already made the weights unbiased (``normalize=False``).
 """
 
@@ -40,16 +40,16 @@ class AverageRule(Policy):
         return delta_sum / (s["weight"] if self.normalize else 1.0)
 
     def tau_eff(self, s: dict) -> float:
-        """The implicit tau_eff = sum p ||a||_1 (fednova.md 3.2), for diagnostics."""
+        """The implicit tau_eff = sum p ||a||_1 (Wang et al. 2020, eqs. 5-6), for diagnostics."""
         return s["weight_anorm"] / s["weight"]
 
 
 @dataclass(frozen=True)
 class NovaOptions:
-    """FedNova's effective step count (fednova.md 3.3).
+    """FedNova's effective step count (Wang et al. 2020, Sec. 5; docs/algorithms/fednova.md).
 
     ``tau_eff = "auto"``: sum p_i ||a_i||_1 (the paper's default), or sum p_i tau_i when
-    the local solver is proximal ([CODE] default whenever mu != 0). ``"anorm"`` and
+    the local solver is proximal (the authors' code does so whenever mu != 0). ``"anorm"`` and
     ``"steps"`` force one of the two; ``"const"`` uses ``value``.
     """
 
@@ -96,7 +96,7 @@ class ServerOptimizer:
     def apply(self, x: np.ndarray, agg: np.ndarray, client_lr: float = 1.0) -> np.ndarray:
         """New model from the current one ``x`` and the aggregate update ``agg`` (float64)."""
         x64 = x.astype(np.float64)
-        if self.momentum == 0:  # no buffer: exactly x + lr * agg (FedNova T12: beta = 0 is bit-exact)
+        if self.momentum == 0:  # no buffer: exactly x + lr * agg (beta = 0 is bit-exact plain FedNova)
             return (x64 + self.lr * agg).astype(x.dtype)
         d = -agg / client_lr if self.lr_scaled else -agg
         self.buf = d if self.buf is None else self.momentum * self.buf + d

@@ -2,10 +2,10 @@
 
 Every dataset here is a pure function of its options and the run seed:
 
-* ``synthetic``: Synthetic(alpha, beta) of FedProx/LEAF (fednova.md §7.3), with natural clients.
-* ``gaussian_mixture``: the GMM-10 set of fedgsnr.md §8 / Appendix P.
+* ``synthetic``: Synthetic(alpha, beta) of FedProx/LEAF (as in Wang et al. 2020, FedNova, Sec. 6), with natural clients.
+* ``gaussian_mixture``: GMM-10, a 10-class Gaussian mixture for small-scale FedGSNR checks.
 * ``digits``: scikit-learn's bundled 8x8 digits (no download).
-* ``synthetic_images``: the CIFAR-shaped workload of bench/W.md, bit-exact for seed 0.
+* ``synthetic_images``: the CIFAR-shaped benchmark workload W (docs/workloads.md), bit-exact for seed 0.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def load_synthetic(opts: SyntheticOptions, root: str | None, seed: int) -> Datas
     )
 
 
-# ---------------------------------------------------------------- GMM-10 (fedgsnr §8)
+# ---------------------------------------------------------------- GMM-10 (FedGSNR checks)
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class GaussianMixtureOptions:
 
 
 def load_gaussian_mixture(opts: GaussianMixtureOptions, root: str | None, seed: int) -> Dataset:
-    """GMM-10 of fedgsnr.md Appendix P (``make_mixture``), drawn from ``default_rng(seed + seed_offset)``.
+    """GMM-10, the mixture of the FedGSNR checks, drawn from ``default_rng(seed + seed_offset)``.
 
     Mode centres ~ N(0, sep^2 I) with shape (classes, modes, dim); a sample is
     centre[y, mode] + noise * N(0, I), y and mode uniform; train is drawn before test.
@@ -188,7 +188,7 @@ def load_digits_dataset(opts: DigitsOptions, root: str | None, seed: int) -> Dat
     """scikit-learn's bundled 8x8 digits (1797 images), pixels scaled by 1/16 to [0, 1].
 
     The test split is stratified and seeded: ``test_fraction`` of every class, or exactly
-    ``test_per_class`` images of every class when that is set (FedDisco §6.5 holds out 50).
+    ``test_per_class`` images of every class when that is set (the FedDisco digits check holds out 50).
     With ``normalize`` the single channel is standardised with the training split's mean and std.
     """
     from sklearn.datasets import load_digits
@@ -227,7 +227,7 @@ def load_digits_dataset(opts: DigitsOptions, root: str | None, seed: int) -> Dat
     )
 
 
-# ---------------------------------------------------------------- CIFAR-shaped (W.md)
+# ---------------------------------------------------------------- CIFAR-shaped (workload W)
 
 
 @dataclass(frozen=True)
@@ -255,11 +255,11 @@ def _class_images(rng, means, n, num_classes, scale):
 
 
 def load_synthetic_images(opts: SyntheticImagesOptions, root: str | None, seed: int) -> Dataset:
-    """Workload W of bench/W.md: class mean images plus unit Gaussian noise.
+    """Workload W (docs/workloads.md): class mean images plus unit Gaussian noise.
 
     One ``default_rng(seed + seed_offset)`` draws, in order: the means (classes, *shape),
     train labels, train noise, test labels, test noise. With the defaults and seed 0 the
-    arrays are bit-identical to W.md's (tests check the SHA-256 prefixes). The noise is
+    arrays are bit-identical to W's definition (tests check its SHA-256 prefixes). The noise is
     drawn in chunks to bound memory; numpy's stream makes that identical to one draw.
     """
     rng = np.random.default_rng(seed + opts.seed_offset)

@@ -151,8 +151,8 @@ def _labeldir(labels, k, alpha, min_samples, max_tries, seed, legacy, num_classe
 
 
 def dirichlet(labels, num_clients, opts: DirichletOptions, seed, dataset=None):
-    """Class-wise Dirichlet split, NIID-Bench ``noniid-labeldir`` (W.md, fednova.md §7.4,
-    FedDisco NIID-1). ``fixed_seed``, when set, replaces the run seed, so the partition is
+    """Class-wise Dirichlet split, NIID-Bench ``noniid-labeldir`` (workload W, FedNova's
+    CIFAR-10 split, FedDisco NIID-1). ``fixed_seed``, when set, replaces the run seed, so the partition is
     the same for every run seed; ``legacy_rng = true, fixed_seed = 2020`` replays FedNova's
     ``__getDirichletData__`` (which seeds the global legacy generator with 2020)."""
     seed = seed if opts.fixed_seed is None else opts.fixed_seed
@@ -176,7 +176,7 @@ def longtail_counts(rho: float, n_max: int, num_classes: int) -> list[int]:
 
 
 def longtail(labels, num_clients, opts: LongtailOptions, seed, dataset=None):
-    """FedDisco's globally imbalanced training set split by NIID-1 (feddisco.md §4.3).
+    """FedDisco's globally imbalanced training set split by NIID-1 (Ye et al. 2023).
 
     Inside every Dirichlet draw, class k keeps only the first ``longtail_counts`` of its
     shuffled indices. ``n_max`` (class 0's count) defaults to the smallest class size, which
@@ -217,7 +217,7 @@ class DirichletClientOptions:
 
 
 def dirichlet_client(labels, num_clients, opts: DirichletClientOptions, seed, dataset=None):
-    """Hsu et al. per-client label mix (FedGSNR §5.1a default, GIFT §5.1).
+    """Hsu et al. (2019) per-client label mix (the Dirichlet partition of the FedGSNR and GIFT papers).
 
     Every client gets n = floor(N/K) samples. Client i (in order) draws q_i ~ Dir(alpha 1_C)
     (per-component alpha) and label counts ~ Multinomial(n, q_i); draws beyond what a class

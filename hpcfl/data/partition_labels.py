@@ -4,11 +4,11 @@
   per device (random class slots, collisions repaired).
 * ``shards``: McMahan's sort-by-label shards (FedLGA sanity script, GIFT "shards").
 * ``biased_unbiased``: FedDisco NIID-2 (deterministic label-sorted shards).
-* ``nonbalance`` and ``pareto``: FedGSNR §5.1 (c) and (d).
+* ``nonbalance`` and ``pareto``: FedGSNR's imbalanced partitions (paper Sec. 5 and App. D.1).
 
 For label_k, nonbalance and pareto, each class's samples are split equally at random
-among the clients that hold it (FedGSNR Appendix P ``split_class_among``); the draws follow
-that prototype's order, so the same seed gives the prototype's partition.
+among the clients that hold it (``split_class_among``); the draws follow the order of
+the numpy reference used for the FedGSNR checks, so the same seed gives its partition.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def label_k(labels, num_clients, opts: LabelKOptions, seed, dataset=None):
 
     ``cyclic`` (FedGSNR Label 2): random class permutation pi; client k holds
     pi[(kP + j) mod C], j < P; every class has KP/C holders when C divides KP.
-    ``random`` (FedLGA §4): random class slots, repaired so rows are distinct.
+    ``random`` (FedLGA, Li et al.): random class slots, repaired so rows are distinct.
     Then each class is split equally at random among its holders.
     """
     k, p = num_clients, opts.classes_per_client
@@ -220,7 +220,7 @@ def nonbalance(labels, num_clients, opts: NonBalanceOptions, seed, dataset=None)
     medium with round(0.5C), the rest with round(0.2C) (at least 1); each client's classes
     uniform without replacement; classes split equally at random among holders. Clients
     are ordered abundant, medium, less (client 0 abundant) unless ``abundant_first`` is
-    false, when the class counts are permuted first (the prototype's default)."""
+    false, when the class counts are permuted first (the numpy reference's default)."""
     k = num_clients
     c = num_classes_of(labels, dataset)
     rng = np.random.default_rng(seed)
@@ -253,7 +253,7 @@ def pareto_class_counts(k, c, shape, rounding, rng) -> list[int]:
 def pareto(labels, num_clients, opts: ParetoOptions, seed, dataset=None):
     """FedGSNR Pareto ("80/20"): x_i = 1 + Pareto(shape), client i holds
     max(1, round(x_i / max x * C)) classes chosen uniformly; the largest x gets all C.
-    Classes are split equally at random among holders. Very seed-dependent (fedgsnr.md)."""
+    Classes are split equally at random among holders. Very seed-dependent (see jobs/papers/fedgsnr_table1_pareto.toml)."""
     k = num_clients
     c = num_classes_of(labels, dataset)
     rng = np.random.default_rng(seed)

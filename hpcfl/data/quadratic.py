@@ -1,4 +1,4 @@
-"""The quadratic objective of FedNova's objective-inconsistency experiment (fednova.md 7.1).
+"""The quadratic objective of FedNova's objective-inconsistency experiment (Wang et al. 2020, Sec. 3, Fig. 2).
 
 Client i holds one "sample", its optimum e_i, and the objective F_i(x) = 1/2 ||x - e_i||^2
 (the ``quadratic`` model computes it). With one sample per client, p_i = 1/m and the
@@ -6,7 +6,7 @@ global optimum is x* = mean(e_i). The test set is the same m points, so the repo
 test loss is F(x) = (1/m) sum_i F_i(x).
 
 Options: ``centers`` gives e_i explicitly (one row per client, or scalars for dim 1, e.g.
-[1.0, -1.0] for the two-client case of fednova.md 9 T5); otherwise e_i ~ N(0, std^2 I)
+[1.0, -1.0] for the two-client case of tests/unit/test_fednova.py); otherwise e_i ~ N(0, std^2 I)
 in ``dim`` dimensions for ``num_clients`` clients, seeded by ``seed`` (the run seed
 unless set).
 """

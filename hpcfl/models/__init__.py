@@ -40,7 +40,7 @@ class ModelSpec:
     build : callable (options, input_shape, num_classes) -> nn.Module
         Checks the input shape (ConfigError naming ``model.name``) and builds.
     doc : str
-        One line, citing the spec section the architecture comes from.
+        One line, citing the paper the architecture comes from.
     fits : callable (options, input_shape) -> str or None
         None when the input shape fits, else the reason (used for error messages).
     """
@@ -88,47 +88,47 @@ _LENET_DOC = "Conv6-Conv16 (5x5) + FC 120-84; 62,006 params on CIFAR-10"
 MODELS: dict[str, ModelSpec] = {
     "logreg": _register(
         "logreg", simple.LogRegOptions, simple.build_logreg,
-        "Multinomial logistic regression on the flattened input (fednova.md §7.3).",
+        "Multinomial logistic regression on the flattened input (Synthetic(1,1) model of Wang et al. 2020, FedNova).",
     ),
     "mlp": _register(
         "mlp", simple.MlpOptions, simple.build_mlp,
-        "MLP on the flattened input; init: feddisco.md §6.5, fedgsnr.md §8, fedlga.md §2.12.",
+        "MLP on the flattened input; torch, He-normal (He et al. 2015) or He/LeCun-normal init.",
     ),
     "fedlga_mlp": _register(
         "fedlga_mlp", simple.FedlgaMlpOptions, simple.build_mlp,
-        "FedLGA FMNIST MLP 784-400-10 with ReLU (fedlga.md §Models); mlp with hidden=[400].",
+        "FMNIST MLP 784-400-10 with ReLU of Li et al. (FedLGA); mlp with hidden=[400].",
     ),
     "lenet5": _register(
         "lenet5", cnn.LeNet5Options, cnn.build_lenet5,
-        f"LeNet-5, {_LENET_DOC} (fedgsnr.md §5, gift.md §4.3).", cnn.fits,
+        f"LeNet-5, {_LENET_DOC} (FedGSNR paper; Chen et al. 2023, GIFT).", cnn.fits,
     ),
     "simple_cnn": _register(
         "simple_cnn", cnn.LeNet5Options, cnn.build_lenet5,
-        f"FedDisco/MOON simple CNN = LeNet-5 layout, {_LENET_DOC} (feddisco.md §4.2).", cnn.fits,
+        f"FedDisco/MOON simple CNN = LeNet-5 layout, {_LENET_DOC} (Ye et al. 2023).", cnn.fits,
     ),
     "vgg11": _register(
         "vgg11", vgg.Vgg11Options, vgg.build_vgg11,
-        "VGG-11 config A without BN, FC 512-512 head; 9,750,922 params (fednova.md §7.4).",
+        "VGG-11 config A without BN, FC 512-512 head; 9,750,922 params (Wang et al. 2020, FedNova).",
         vgg.fits,
     ),
     "vgg16": _register(
         "vgg16", vgg.Vgg16Options, vgg.build_vgg16,
-        "VGG-16 config D without BN by default, FC head (fedgsnr.md §5; gift.md §4.3 with BN).",
+        "VGG-16 config D without BN by default, FC head (FedGSNR paper; with BN: Chen et al. 2023, GIFT).",
         vgg.fits,
     ),
     "resnet18": _register(
         "resnet18", resnet.ResNet18Options, resnet.build_resnet18,
-        "CIFAR ResNet-18 with GroupNorm(2) by default (feddisco.md §4.2; fedlga.md §Models).",
+        "CIFAR ResNet-18 with GroupNorm(2) by default (Ye et al. 2023, FedDisco; ImageNet stem: Li et al., FedLGA).",
         resnet.fits,
     ),
     "kws_lstm": _register(
         "kws_lstm", rnn.KwsLstmOptions, rnn.build_kws_lstm,
-        "2-layer LSTM(64) + FC for keyword spotting; 61,066 params on 40 features (gift.md §5.1).",
+        "2-layer LSTM(64) + FC for keyword spotting; 61,066 params on 40 features (Chen et al. 2023, GIFT).",
         rnn.fits,
     ),
     "quadratic": _register(
         "quadratic", quadratic.QuadraticModelOptions, quadratic.build_quadratic,
-        "FedNova's quadratic objective 1/2||x - e_i||^2 (fednova.md §7.1); use with data.dataset = quadratic.",
+        "FedNova's quadratic objective 1/2||x - e_i||^2 (Wang et al. 2020); use with data.dataset = quadratic.",
         quadratic.fits_quadratic,
     ),
 }  # fmt: skip

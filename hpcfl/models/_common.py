@@ -2,7 +2,7 @@
 
 Every zoo model is a :class:`ZooModel`: ``forward(x) = fc(features(x))`` where ``fc`` is
 the final ``nn.Linear``. ``features`` returns the penultimate representation, which
-MOON-style methods use (feddisco.md §4.2: "the 84-d penultimate feature").
+MOON-style methods use (e.g. the 84-d penultimate feature of FedDisco's simple CNN).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def he_conv2d(
 def conv_he_fan_out_(conv: nn.Conv2d) -> None:
     """W ~ N(0, 2 / (k*k*out_channels)), b = 0 (He et al. 2015, fan-out mode).
 
-    This is the VGG init of fednova.md §7.4 and torchvision's ResNet init.
+    This is the VGG init of FedNova's released code and torchvision's ResNet init.
     """
     k_h, k_w = conv.kernel_size
     nn.init.normal_(conv.weight, 0.0, math.sqrt(2.0 / (k_h * k_w * conv.out_channels)))

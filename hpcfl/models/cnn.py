@@ -2,8 +2,9 @@
 
 Both names build the same architecture; the papers describe it separately:
 
-- fedgsnr.md §5 and gift.md §4.3 (LeNet-5, CIFAR variant, 62,006 parameters);
-- feddisco.md §4.2 ("Simple CNN" of FedDisco/MOON; 1 input channel for Fashion-MNIST).
+- LeNet-5, CIFAR variant, 62,006 parameters (the FedGSNR paper's CIFAR-10 model; GIFT,
+  Chen et al. 2023);
+- the "simple CNN" of FedDisco (Ye et al. 2023) and MOON (1 input channel for Fashion-MNIST).
 
 Layers, for an input (C, H, W), no padding anywhere::
 
@@ -51,7 +52,7 @@ class LeNet5(ZooModel):
     Notes
     -----
     ``features`` is the 84-d output of the second FC layer after ReLU, the
-    representation MOON uses (feddisco.md §4.2; no projection head).
+    representation MOON uses (FedDisco/MOON's simple CNN; no projection head).
     """
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int):

@@ -1,10 +1,10 @@
 """ResNet-18 with GroupNorm (default), BatchNorm or no normalisation.
 
-feddisco.md §4.2 ("ResNet-18 with GroupNorm", HAM10000 and CIFAR-100): torchvision's
+FedDisco (Ye et al. 2023; "ResNet-18 with GroupNorm", HAM10000 and CIFAR-100): torchvision's
 resnet18 with the first conv replaced by 3x3 / stride 1 / padding 1, the first max-pool
 removed, every BatchNorm replaced by GroupNorm with **2 groups**, final FC -> C.
-fedlga.md §Models (CIFAR "ResNet following [42]", inputs resized to 224) is the
-torchvision ImageNet stem: ``stem = "imagenet"``.
+FedLGA's CIFAR ResNet (Li et al.; inputs resized to 224) uses the torchvision ImageNet
+stem: ``stem = "imagenet"``.
 
 Layout (BasicBlock, expansion 1)::
 
@@ -36,11 +36,11 @@ MIN_SIDE = {"cifar": 8, "imagenet": 32}
 class ResNet18Options:
     """Options of ``resnet18``.
 
-    norm : "group" (default; feddisco.md §4.2), "batch" (adds float running-stat buffers;
+    norm : "group" (default; FedDisco), "batch" (adds float running-stat buffers;
         breaks per-sample gradients in train mode) or "none".
-    groups : GroupNorm groups, 2 per feddisco.md §4.2; must divide 64.
+    groups : GroupNorm groups, 2 as in FedDisco; must divide 64.
     stem : "cifar" (3x3 stride-1 conv, no max-pool) or "imagenet" (7x7 stride-2 conv and
-        3x3 stride-2 max-pool, torchvision's stem; fedlga.md).
+        3x3 stride-2 max-pool, torchvision's stem; FedLGA).
     zero_init_residual : start every residual branch at zero, so each block is the
         identity at init (the last norm's weight = 0; with norm = "none", the second
         conv's weight = 0). Worth trying with norm = "none", where activations otherwise

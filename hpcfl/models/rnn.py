@@ -1,9 +1,9 @@
 """Recurrent classifier for sequences of feature frames (``kws_lstm``).
 
-gift.md §5.1 (keyword spotting on Speech Commands): "LSTM, 2 recurrent layers with a
-hidden size of 64"; gift.md §5.1 [PROPOSED]: 40 MFCC / log-mel features per frame, the
-last hidden state -> Linear(64, 10). With 40 input features and 10 classes that is
-61,066 parameters (gift.md §4.3).
+GIFT (Chen et al. 2023) trains keyword spotting on Speech Commands with an LSTM of 2
+recurrent layers and hidden size 64. The paper does not give the input features or the
+head; we choose 40 MFCC / log-mel features per frame and the last hidden state ->
+Linear(64, 10). With 40 input features and 10 classes that is 61,066 parameters.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ._common import ZooModel
 class KwsLstmOptions:
     """Options of ``kws_lstm``.
 
-    hidden : LSTM hidden size (64 per gift.md).
-    layers : stacked LSTM layers (2 per gift.md).
+    hidden : LSTM hidden size (64 in GIFT).
+    layers : stacked LSTM layers (2 in GIFT).
     """
 
     hidden: int = field(default=64, metadata={"gt": 0})

@@ -16,9 +16,9 @@ from ._common import ZooModel, flat_size, normal_fan_in_
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
 
 # "default": torch's nn.Linear init (Kaiming-uniform with a=sqrt(5); uniform bias).
-# "he_normal": every layer W ~ N(0, 2/fan_in), b = 0 (feddisco.md §6.5 "He-normal init").
+# "he_normal": every layer W ~ N(0, 2/fan_in), b = 0 (He et al. 2015; the FedDisco digits check).
 # "he_lecun": hidden layers W ~ N(0, 2/fan_in), output layer W ~ N(0, 1/fan_in), b = 0
-#   (fedgsnr.md §8 "W1 ~ N(0, 2/D), W2 ~ N(0, 1/H), zero biases"; fedlga_sanity_sim.py).
+#   (W1 ~ N(0, 2/D), W2 ~ N(0, 1/H), zero biases: the MLP of the FedGSNR GMM-10 checks).
 MLP_INITS = ("default", "he_normal", "he_lecun")
 
 
@@ -53,7 +53,7 @@ class LogReg(ZooModel):
 
 
 def build_logreg(opts: LogRegOptions, input_shape: tuple[int, ...], num_classes: int) -> LogReg:
-    """fednova.md §7.3: softmax regression, W in R^{60x10} for Synthetic(1,1)."""
+    """Softmax regression: W in R^{60x10}, b in R^10 on Synthetic(1,1) (Wang et al. 2020, FedNova, Sec. 6)."""
     model = LogReg(flat_size(input_shape), num_classes)
     if opts.init == "zeros":
         nn.init.zeros_(model.fc.weight)
@@ -67,10 +67,10 @@ class MlpOptions:
 
     hidden : widths of the hidden layers, input side first; () gives logistic regression.
     activation : nonlinearity after every hidden layer.
-    init : see ``MLP_INITS`` above. The paper MLPs are all expressible here:
-        feddisco.md §6.5 "MLP 64 -> 32 (ReLU) -> 10, He-normal" is hidden=[32],
-        init="he_normal"; fedgsnr.md §8 "MLP 20 -> 64 -> 10" and fedlga.md §2.12
-        "MLP 32-64-10" are hidden=[64], init="he_lecun".
+    init : see ``MLP_INITS`` above. The MLPs of our small-scale checks are all
+        expressible here: the FedDisco digits check's MLP 64 -> 32 (ReLU) -> 10 with
+        He-normal init is hidden=[32], init="he_normal"; the FedGSNR GMM-10 check's
+        MLP 20 -> 64 -> 10 (and a 32 -> 64 -> 10 MLP) is hidden=[64], init="he_lecun".
     """
 
     hidden: tuple[int, ...] = field(default=(200,), metadata={"gt": 0})
@@ -80,7 +80,7 @@ class MlpOptions:
 
 @dataclass(frozen=True)
 class FedlgaMlpOptions(MlpOptions):
-    """Options of ``fedlga_mlp``: ``mlp`` with fedlga.md §Models' 400 hidden units."""
+    """Options of ``fedlga_mlp``: ``mlp`` with the 400 hidden units of FedLGA's MLP (Li et al.)."""
 
     hidden: tuple[int, ...] = field(default=(400,), metadata={"gt": 0})
 

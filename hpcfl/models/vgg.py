@@ -1,12 +1,12 @@
 """VGG-11 and VGG-16 for CIFAR-sized images, without BatchNorm by default.
 
-- ``vgg11``: fednova.md §7.4 (FedNova code ``models/vgg.py``): config "A", no BN,
-  classifier Dropout -> FC 512 -> ReLU -> Dropout -> FC 512 -> ReLU -> FC C,
-  9,750,922 parameters for (3, 32, 32) and 10 classes.
-- ``vgg16``: fedgsnr.md §5 (CIFAR-100): config "D", no BN by default (per-sample
+- ``vgg11``: FedNova's CIFAR-10 model (Wang et al. 2020, Sec. 6; the authors' released
+  ``models/vgg.py``): config "A", no BN, classifier Dropout -> FC 512 -> ReLU -> Dropout
+  -> FC 512 -> ReLU -> FC C, 9,750,922 parameters for (3, 32, 32) and 10 classes.
+- ``vgg16``: the FedGSNR paper's CIFAR-100 model: config "D", no BN by default (per-sample
   gradients), Kaiming init, classifier Flatten(512) -> FC C (14,765,988 parameters for 100
-  classes) or the FedMA-style 512 -> 512 -> 512 -> C head (15,291,300). gift.md §4.3's
-  "VGG-16 with BN" (14,728,266 for 10 classes) is ``norm = "batch"``.
+  classes) or the FedMA-style 512 -> 512 -> 512 -> C head (15,291,300). The "VGG-16 with
+  BN" of GIFT (Chen et al. 2023; 14,728,266 for 10 classes) is ``norm = "batch"``.
 
 Every conv is 3x3, padding 1, followed by [norm] and ReLU; "M" is a 2x2 max-pool. Conv
 weights ~ N(0, 2 / (9 * out_channels)), conv biases 0, linear layers torch-default.
@@ -31,7 +31,7 @@ fits = image_at_least(32)
 
 @dataclass(frozen=True)
 class Vgg11Options:
-    """Options of ``vgg11`` (fednova.md §7.4).
+    """Options of ``vgg11`` (FedNova's VGG-11, Wang et al. 2020).
 
     head : "mlp" is Dropout -> FC 512 -> ReLU -> Dropout -> FC 512 -> ReLU -> FC C (FedMA /
         FedNova code); "linear" is a single FC C on the flattened conv output.
@@ -54,9 +54,9 @@ class Vgg11Options:
 
 @dataclass(frozen=True)
 class Vgg16Options(Vgg11Options):
-    """Options of ``vgg16`` (fedgsnr.md §5); as ``vgg11`` but the default head is "linear".
+    """Options of ``vgg16`` (the FedGSNR paper's VGG-16); as ``vgg11`` but the default head is "linear".
 
-    gift.md §4.3's VGG-16 is ``norm = "batch"`` with the default head.
+    GIFT's VGG-16 (Chen et al. 2023) is ``norm = "batch"`` with the default head.
     """
 
     head: str = field(default="linear", metadata={"choices": ("mlp", "linear")})
@@ -113,10 +113,10 @@ def _conv_stack(cfg: tuple, channels: int, norm: str, groups: int) -> nn.Sequent
 
 
 def build_vgg11(opts, input_shape: tuple[int, ...], num_classes: int) -> Vgg:
-    """VGG-11 (config A), fednova.md §7.4."""
+    """VGG-11 (config A), as in FedNova (Wang et al. 2020)."""
     return Vgg(CFG_A, input_shape, num_classes, opts)
 
 
 def build_vgg16(opts, input_shape: tuple[int, ...], num_classes: int) -> Vgg:
-    """VGG-16 (config D), fedgsnr.md §5."""
+    """VGG-16 (config D), as in the FedGSNR paper."""
     return Vgg(CFG_D, input_shape, num_classes, opts)

@@ -1,4 +1,4 @@
-"""Embedded datasets: synthetic_images (W.md hashes), Synthetic(1,1), GMM-10, digits."""
+"""Embedded datasets: synthetic_images (workload W's hashes), Synthetic(1,1), GMM-10, digits."""
 
 import hashlib
 
@@ -31,7 +31,7 @@ def test_synthetic_images_reproduces_w_md_exactly():
 
 def test_synthetic_images_labels_only_path():
     ds = load_labels("synthetic_images", None, None, 0)
-    assert sha16(ds.y_train) == "11602baa5d0064e3"  # W.md, without drawing 184M normals
+    assert sha16(ds.y_train) == "11602baa5d0064e3"  # workload W, without drawing 184M normals
     assert ds.x_train.shape == (50000, 3, 32, 32) and ds.x_train.strides == (0, 0, 0, 0)
     assert len(ds.y_test) == 0 and ds.num_classes == 10
     gm = load_labels("gaussian_mixture", None, None, 0)  # no fast path: the full dataset

@@ -104,7 +104,7 @@ def test_iid_sizes():
 
 
 def reference_labeldir(y, k, alpha, min_require, rng, num_classes):
-    """Literal transcription of the NIID-Bench loop in feddisco.md §4.3 (lists and all)."""
+    """Literal transcription of NIID-Bench's ``noniid-labeldir`` loop (lists and all)."""
     n = len(y)
     min_size = 0
     while min_size < min_require:
@@ -141,7 +141,7 @@ def test_dirichlet_fixed_seed_ignores_run_seed():
 
 
 def test_dirichlet_w_workload_shape():
-    # W.md: 50k uniform labels, 100 clients, Dir(0.5), min 10, default_rng(0)
+    # workload W (docs/workloads.md): 50k uniform labels, 100 clients, Dir(0.5), min 10, default_rng(0)
     rng = np.random.default_rng(0)
     rng.standard_normal((10, 3, 32, 32), dtype=np.float32)
     y = rng.integers(0, 10, size=50000)
@@ -177,7 +177,7 @@ def test_dirichlet_min_samples_errors():
 
 
 def test_dirichlet_client_equal_sizes_and_alpha_extremes():
-    # fedgsnr.md U10; with every sample used the last clients absorb the sampling noise,
+    # check U10 (FedGSNR partitions); with every sample used the last clients absorb the sampling noise,
     # so this keeps a reserve (1500 of 2000 per client on average are taken)
     y = balanced(3000)
     parts = make_partition("dirichlet_client", y, 20, DirichletClientOptions(alpha=1000), 0)
@@ -185,7 +185,7 @@ def test_dirichlet_client_equal_sizes_and_alpha_extremes():
     counts = class_counts(y, parts, 10)
     assert set(counts.sum(1)) == {1500}
     assert np.abs(counts / 1500 - 0.1).max() < 0.05
-    # fedgsnr U10 asks for median max class share > 0.8 at alpha = 0.05, but the median of
+    # U10 asks for median max class share > 0.8 at alpha = 0.05, but the median of
     # max(Dir(0.05 * 1_10)) itself is only 0.823, and late clients take leftovers once
     # pools run out, so that threshold is a coin flip; alpha = 0.01 (median 0.99) is not
     for seed in range(3):

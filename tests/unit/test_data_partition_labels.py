@@ -38,7 +38,7 @@ def test_label2_cyclic_fedgsnr():
 
 @pytest.mark.parametrize("classes,per_class,p,size", [(10, 6000, 2, 1200), (100, 500, 20, 1000)])
 def test_label_k_random_slots_fedlga(classes, per_class, p, size):
-    # FMNIST N=50, P=2 -> 1200 each; CIFAR-100 N=50, P=20 -> 1000 each (fedlga.md §4, B4)
+    # FMNIST N=50, P=2 -> 1200 each; CIFAR-100 N=50, P=20 -> 1000 each (FedLGA, Li et al.)
     y = balanced(per_class, classes)
     parts = make_partition("label_k", y, 50, LabelKOptions(p, "random"), 1, None)
     counts = class_counts(y, parts, classes)

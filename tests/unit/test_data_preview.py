@@ -34,7 +34,7 @@ def test_gini():
 
 
 def test_heatmap_and_speed_on_w_workload(tmp_path):
-    # W.md labels: the means are drawn first, then 50k uniform labels
+    # workload W's labels (docs/workloads.md): the means are drawn first, then 50k uniform labels
     rng = np.random.default_rng(0)
     rng.standard_normal((10, 3, 32, 32), dtype=np.float32)
     y = rng.integers(0, 10, size=50000)

@@ -1,4 +1,5 @@
-"""FedNova (fednova.md section 9): closed forms through the real engine, and the algebra.
+"""FedNova (Wang et al. 2020; docs/algorithms/fednova.md): closed forms through the real engine,
+and the algebra. Checks are labelled T1-T15 (in the test names and section comments).
 
 Quadratic runs go through prepare/run exactly like a user's job (client loop, exact
 reduction, server rule), in float64, on one rank.
@@ -87,7 +88,7 @@ def test_generalized_rule_reproduces_fedavg_T4():
     s_avg = {"weight": p.sum()}
     fedavg = AverageRule(6).aggregate((p[:, None] * deltas).sum(0), s_avg)
     # Rule (4) with w_i = p_i A_i / sum_j p_j A_j and tau_eff = sum p A / sum p:
-    # tau_eff * sum_i w_i Delta_i / A_i = sum p Delta / sum p, i.e. FedAvg (fednova.md eqs. 5-6).
+    # tau_eff * sum_i w_i Delta_i / A_i = sum p Delta / sum p, i.e. FedAvg (Wang et al. 2020, eqs. 5-6).
     w = p * A                        # the rule normalises by sum w itself
     nova = NovaRule(NovaOptions(tau_eff="const", value=(p * A).sum() / p.sum()), 6, prox=False)
     contrib = sum(nova.contribution(d.copy(), wi, a) for d, wi, a in zip(deltas, w, A))
@@ -160,7 +161,7 @@ def test_sgd_normaliser_is_an_exact_integer():
 
 
 # ---------------------------------------------------------------- T11: variance reduction
-# T11 at a tenth of the spec's work (10 clients, tau ~ N(10, 6) in [1, 30], 300 rounds
+# T11 at a tenth of the full work (10 clients, tau ~ N(10, 6) in [1, 30], 300 rounds
 # instead of 30 clients, tau ~ N(30, 20) in [1, 96], 400 rounds): the property holds for any
 # heterogeneous tau, and the full size costs ~5 minutes of tiny torch steps on 2 cores.
 MANY = {
@@ -184,7 +185,7 @@ def test_variance_reduction_removes_the_drift_T11():
     plain, _, _ = quad("fednova", 0.05, 300, MANY)
     vr, _, _ = quad("fednova", 0.05, 300, MANY, local="vr")
     assert np.linalg.norm(vr - xstar) <= 1e-10
-    assert np.linalg.norm(plain - xstar) > 1e-3          # O(lr) drift of plain FedNova (spec: ~2e-2)
+    assert np.linalg.norm(plain - xstar) > 1e-3          # O(lr) drift of plain FedNova (~2e-2 at full size)
 
 
 # ---------------------------------------------------------------- T14: generators

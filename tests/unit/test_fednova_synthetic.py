@@ -1,4 +1,4 @@
-"""FedNova on Synthetic(1,1) (fednova.md 9 T10, Fig. 5) through the real engine, and the
+"""FedNova on Synthetic(1,1) (check T10; Wang et al. 2020, Fig. 5) through the real engine, and the
 paper job files.
 
 T10 in one setting, the rightmost of Fig. 5: 30 natural clients, logistic regression,
@@ -7,7 +7,7 @@ B = 20, lr 0.02, C = 0.3 (9 clients per round, Alg. 1 sampling), E_i(t) ~ U{1..5
 p-weighted training loss F(x) = sum_i p_i F_i(x) of the final global model must be at most
 0.9 x FedAvg's. It is the cheapest of the three settings (about 3x fewer local steps than
 full participation with E = 5) and shows the effect with a wide margin at seed 0 (about
-0.26 vs 0.44, ratio ~0.6; the spec's numpy run: 0.269 vs 0.458). The two runs take about
+0.26 vs 0.44, ratio ~0.6; an independent numpy run: 0.269 vs 0.458). The two runs take about
 25 s on one core (up to ~50 s on a loaded 2-core machine), so all 30 rounds are kept.
 
 The seed is pinned on purpose: the synthetic data, the init, the cohorts and the E draws
@@ -17,7 +17,7 @@ follows the largest sampled client, so its steps jump from round to round). Meas
 final-round ratios FedNova/FedAvg in this setting: seeds 0-3 -> 0.59, 0.72, 0.54, 1.17;
 in the full-participation E = 5 setting the ratio falls steadily for seeds 0-3, but that
 costs ~4x more (seed 0 has 20,101 samples: 5,095 local steps per round). So this is an
-engine regression guard at the spec's round count, not a seed-robust statistic.
+engine regression guard at 30 rounds, not a seed-robust statistic.
 
 The bench bench/fednova_synthetic.py runs all three settings.
 """

@@ -1,5 +1,5 @@
 """FedGSNR math: Theorem 3.7, Definition 4.1, eqs. 8-9, the step allocation, and the
-per-sample gradient statistics (acceptance tests U1-U9 of the team's FedGSNR notes).
+per-sample gradient statistics (checks U1-U9; docs/algorithms/fedgsnr.md).
 
 Reference: FedGSNR (Accelerating FL on non-iid data via maximum gradient signal-to-noise
 ratio), Theorem 3.7 / Definition 4.1 / eqs. 8-9.

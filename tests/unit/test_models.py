@@ -19,7 +19,7 @@ FMNIST = (1, 28, 28)
 DIGITS = (1, 8, 8)
 SYNTH = (60,)
 FLAT64 = (64,)
-SEQ = (101, 40)  # 101 frames of 40 MFCCs (gift.md §5.1)
+SEQ = (101, 40)  # 101 frames of 40 MFCCs (keyword spotting, as for GIFT's LSTM)
 SHAPES = (CIFAR, FMNIST, DIGITS, SYNTH, FLAT64, SEQ)
 
 # Written out by hand (not derived from the code's fits()) so the test can disagree.
@@ -72,7 +72,7 @@ def test_registry_covers_expected_models():
     assert set(MODELS) == set(FITS)
     for name, spec in MODELS.items():
         assert isinstance(spec, ModelSpec)
-        assert spec.doc and "\n" not in spec.doc and ".md" in spec.doc, name
+        assert spec.doc and "\n" not in spec.doc and "et al." in spec.doc, name   # one line citing its source
         spec.options()  # every field has a default
 
 
@@ -81,7 +81,7 @@ def test_registry_covers_expected_models():
 #   256->256 590,080; 256->512 1,180,160; 512->512 2,359,808.
 # VGG-11 (A): 1,792 + 73,856 + 295,168 + 590,080 + 1,180,160 + 3 * 2,359,808 = 9,220,480
 # VGG-16 (D): 1,792 + 36,928 + 73,856 + 147,584 + 295,168 + 2 * 590,080 + 1,180,160
-#             + 5 * 2,359,808 = 14,714,688 (fedgsnr.md §5)
+#             + 5 * 2,359,808 = 14,714,688
 # "mlp" head: 2 * (512 * 512 + 512) = 525,312, then 512 * C + C.
 # VGG-16 BN: 2 * (2*64 + 2*128 + 3*256 + 6*512) = 8,448 affine parameters.
 # ResNet-18, CIFAR stem, per stage (convs without bias; every norm has 2*width params):
@@ -94,24 +94,24 @@ def test_registry_covers_expected_models():
 #   of 20 convs: 64 + 4*64 + 5*128 + 5*256 + 5*512).
 # ImageNet stem: 7*7*3*64 = 9,408 instead of 3*3*3*64 = 1,728.
 COUNTS = [
-    ("logreg", SYNTH, 10, {}, 60 * 10 + 10),  # 610, fednova.md §7.3 W in R^{60x10}, b in R^10
+    ("logreg", SYNTH, 10, {}, 60 * 10 + 10),  # 610: W in R^{60x10}, b in R^10 (FedNova's Synthetic(1,1))
     ("mlp", DIGITS, 10, {}, 64 * 200 + 200 + 200 * 10 + 10),  # 15,010
-    ("mlp", DIGITS, 10, {"hidden": [32]}, 64 * 32 + 32 + 32 * 10 + 10),  # 2,410 feddisco §6.5
-    ("mlp", (20,), 10, {"hidden": [64]}, 1_994),  # fedgsnr.md §8 states d = 1,994
+    ("mlp", DIGITS, 10, {"hidden": [32]}, 64 * 32 + 32 + 32 * 10 + 10),  # 2,410: the FedDisco digits check
+    ("mlp", (20,), 10, {"hidden": [64]}, 1_994),  # 20*64 + 64 + 64*10 + 10 = 1,994 (FedGSNR GMM-10 check)
     ("mlp", FMNIST, 10, {"hidden": [200, 200]}, 784 * 200 + 200 + 200 * 200 + 200 + 2010),
     ("fedlga_mlp", FMNIST, 10, {}, 784 * 400 + 400 + 400 * 10 + 10),  # 318,010
     # LeNet-5: conv 3*6*25+6 = 456, conv 6*16*25+16 = 2,416, FC 400*120+120 = 48,120,
     # FC 120*84+84 = 10,164, FC 84*10+10 = 850.
-    ("lenet5", CIFAR, 10, {}, 62_006),  # fedgsnr.md §5, gift.md §4.3
+    ("lenet5", CIFAR, 10, {}, 62_006),  # FedGSNR's and GIFT's LeNet-5
     ("simple_cnn", CIFAR, 10, {}, 62_006),
     # 1x28x28: conv 1*6*25+6 = 156, flatten 16*4*4 = 256 -> FC 256*120+120 = 30,840.
     ("lenet5", FMNIST, 10, {}, 156 + 2_416 + 30_840 + 10_164 + 850),  # 44,426
     ("simple_cnn", FMNIST, 10, {}, 44_426),
-    ("vgg11", CIFAR, 10, {}, 9_750_922),  # fednova.md §7.4: 9,220,480 + 525,312 + 5,130
+    ("vgg11", CIFAR, 10, {}, 9_750_922),  # FedNova's VGG-11: 9,220,480 + 525,312 + 5,130
     ("vgg11", CIFAR, 10, {"head": "linear"}, 9_220_480 + 5_130),
-    ("vgg16", CIFAR, 100, {}, 14_765_988),  # 14,714,688 + 51,300 (fedgsnr.md §5)
-    ("vgg16", CIFAR, 100, {"head": "mlp"}, 15_291_300),  # + 525,312 (fedgsnr.md §5)
-    ("vgg16", CIFAR, 10, {"norm": "batch"}, 14_728_266),  # + 8,448 + 5,130 (gift.md §4.3)
+    ("vgg16", CIFAR, 100, {}, 14_765_988),  # 14,714,688 + 51,300 (FedGSNR's VGG-16)
+    ("vgg16", CIFAR, 100, {"head": "mlp"}, 15_291_300),  # + 525,312 (FedMA-style head)
+    ("vgg16", CIFAR, 10, {"norm": "batch"}, 14_728_266),  # + 8,448 + 5,130 (GIFT's VGG-16 with BN)
     ("vgg16", CIFAR, 10, {"norm": "group"}, 14_728_266),  # GN has the same affine params
     ("resnet18", CIFAR, 10, {}, 11_168_832 + 5_130),  # 11,173,962
     ("resnet18", CIFAR, 100, {}, 11_168_832 + 51_300),  # 11,220,132
@@ -119,7 +119,7 @@ COUNTS = [
     ("resnet18", CIFAR, 10, {"norm": "none"}, 11_173_962 - 9_600 + 4_800),
     ("resnet18", CIFAR, 10, {"stem": "imagenet"}, 11_173_962 - 1_728 + 9_408),
     # LSTM layer: 4 gates * (H*(F+H) + 2*H): 4*(64*104 + 128) = 27,136 and
-    # 4*(64*128 + 128) = 33,280; FC 64*10+10 = 650 (gift.md §4.3: 61,066).
+    # 4*(64*128 + 128) = 33,280; FC 64*10+10 = 650 (61,066 in all).
     ("kws_lstm", SEQ, 10, {}, 27_136 + 33_280 + 650),
 ]
 

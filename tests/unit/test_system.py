@@ -137,7 +137,7 @@ def test_disabled_is_no_clock():
 
 
 def test_gift_vgg16_calibration():
-    # gift.md F1: M = 14,728,266 fp32, uplink 5 Mbit/s, free downlink, 2.0058 s/iter, tau 100
+    # GIFT's VGG-16 setting (Chen et al. 2023): M = 14,728,266 fp32, uplink 5 Mbit/s, free downlink, 2.0058 s/iter, tau 100
     o = opts(compute_s=2.0058, uplink_mbps=5.0, downlink_mbps=math.inf)
     m = SystemModel(o, 100, 1, model_bytes=4 * 14_728_266)
     hours = sum(m.plan(r, np.arange(40), 100).duration_s for r in range(1000)) / 3600
