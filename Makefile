@@ -1,16 +1,20 @@
 # The README's two commands: `make quickstart` and `make test`. Both install what they need.
 PY ?= python3
-# An unpinned torch pulls several GB of CUDA packages; 2.13.0 has a local CPU build here.
-# On a GPU cluster: make TORCH=torch (or install your site's build first and set TORCH=).
+# The torch that `install` puts in first. From PyPI this is the CUDA build on Linux (several GB of
+# nvidia-* packages) unless pip finds a local CPU wheel; README, "Which torch": the CPU-only index.
+# TORCH= installs no torch and keeps the one already there (a CPU wheel, your site's build).
 TORCH ?= torch==2.13.0
+# hpcfl's extras. mpich brings an MPI for workstations; on a cluster use EXTRAS=test so that the
+# site's MPI is not shadowed (README: "On a cluster").
+EXTRAS ?= test,mpich
 MPIEXEC ?= mpiexec
 PYTEST_MPI = $(PY) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
 .PHONY: install quickstart test test-unit test-mpi bench
 
 install:
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,mpich]'
+	$(if $(strip $(TORCH)),$(PY) -m pip install -q $(TORCH))
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 
 quickstart: install
 	$(PY) -m hpcfl run jobs/quickstart.toml --out runs/quickstart --force

@@ -15,6 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SLURM = ROOT / "slurm"
 TEMPLATES = ["single_node_gpu", "multi_node", "cpu_only", "requeue", "array_sweep"]
 PLAIN = ["single_node_gpu", "multi_node", "cpu_only"]  # no logic of their own: exit code is srun's
+GPU = ["single_node_gpu", "multi_node", "requeue"]     # allocate GPUs
+# runtime.device each template passes when DEVICE is not set in the environment
+DEFAULT_DEVICE = {"single_node_gpu": "cuda", "multi_node": "cuda", "cpu_only": "cpu",
+                  "requeue": "auto", "array_sweep": "auto"}
+# environment variables the templates read (the tests set them explicitly or not at all)
+TEMPLATE_ENV = ("HPCFL_CMD", "MAX_REQUEUES", "DEVICE", "CKPT_MINUTES", "SWEEP_NAME", "OMP_NUM_THREADS")
 
 # srun: record argv one per line, drop srun's own --options (the templates write them as
 # --opt=value), then run the rest, as srun runs the program on each rank.
@@ -32,6 +38,7 @@ exit "${STANDIN_SCONTROL_RC:-0}"
 # engine does after its checkpoint. Bounded: gives up with exit 1 after 10 s.
 FAKE_HPCFL = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/hpcfl.argv"
+printf '%s\n' "${OMP_NUM_THREADS-unset}" > "$STANDIN_DIR/omp"
 if [ "${STANDIN_MODE:-}" = wait_usr1 ]; then
     trap 'echo USR1 > "$STANDIN_DIR/got_usr1"; sleep "${STANDIN_STOP_DELAY:-0}"; exit 75' USR1
     touch "$STANDIN_DIR/ready"
@@ -57,10 +64,11 @@ class Stand:
         self.hpcfl.chmod(0o755)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SLURM_", "SRUN_", "SBATCH_", "STANDIN_"))
-               and k not in ("HPCFL_CMD", "MAX_REQUEUES")}
+               and k not in TEMPLATE_ENV}
         env.update(PATH=f"{bin_}{os.pathsep}{env.get('PATH', '')}", STANDIN_DIR=str(d),
                    HPCFL_CMD=str(self.hpcfl), SLURM_JOB_ID="12345", SLURM_ARRAY_TASK_ID="3",
-                   SLURM_NTASKS="4", SLURM_NNODES="1", SLURM_CPUS_PER_TASK="2")
+                   SLURM_ARRAY_JOB_ID="12340", SLURM_NTASKS="4", SLURM_NNODES="1",
+                   SLURM_CPUS_PER_TASK="2")
         self.env = env
 
     def environ(self, **extra):
@@ -109,6 +117,11 @@ def set_pairs(argv):
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set"]
 
 
+def set_values(argv, key):
+    """Every value --set gives key, in order."""
+    return [p.split("=", 1)[1] for p in set_pairs(argv) if p.split("=", 1)[0] == key]
+
+
 def out_of(argv):
     return argv[argv.index("--out") + 1]
 
@@ -143,8 +156,15 @@ def test_directives_come_before_the_first_command(name):
 def test_directives(name):
     d = directives(name)
     assert d.get("--cpus-per-task"), "every template sets --cpus-per-task"
-    if "--gpus-per-node" in d:  # one rank per GPU
-        assert d["--ntasks-per-node"] == d["--gpus-per-node"]
+    mem = [k for k in ("--mem", "--mem-per-cpu", "--mem-per-gpu") if k in d]
+    assert len(mem) == 1, f"one memory request (sbatch refuses two of them): {mem}"
+    assert re.fullmatch(r"\d+[KMGT]?", d[mem[0]]), d[mem[0]]
+    if name in GPU:  # one rank per GPU, bound to it: each rank sees only its own GPU
+        assert d.get("--gpus-per-task") == "1"
+        assert "--gpus-per-node" not in d and "--gres" not in d, "GPUs asked for once, per task"
+        assert int(d["--ntasks"]) >= 1, "--gpus-per-task needs an explicit --ntasks"
+    else:
+        assert not any(k.startswith(("--gpu", "--gres")) for k in d), "a CPU template asks for no GPU"
     if name == "requeue":
         assert re.fullmatch(r"B:USR1@\d+", d["--signal"])
         assert "--requeue" in d and d["--open-mode"] == "append"
@@ -152,6 +172,7 @@ def test_directives(name):
         assert d["--array"] == "0-9"
     if name == "multi_node":
         assert int(d["--nodes"]) > 1
+        assert int(d["--nodes"]) * int(d["--ntasks-per-node"]) == int(d["--ntasks"])
 
 
 # ---- dry runs --------------------------------------------------------------------------------
@@ -182,6 +203,79 @@ def test_kill_on_bad_exit(stand):
     assert "--kill-on-bad-exit=1" in stand.srun_split()[0]
     stand.run("requeue")
     assert "--kill-on-bad-exit=0" in stand.srun_split()[0]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_cpu_binding_and_threads_follow_cpus_per_task(stand, name):
+    """srun gets the cores (bound), torch and OpenMP get as many threads: all from
+    SLURM_CPUS_PER_TASK, so 4 here, not the 2 of the other tests nor the #SBATCH value."""
+    p = stand.run(name, SLURM_CPUS_PER_TASK=4)
+    assert p.returncode == 0, p.output
+    opts, prog = stand.srun_split()
+    assert "--cpu-bind=cores" in opts
+    assert "--cpus-per-task=4" in opts
+    assert set_values(prog, "runtime.threads") == ["4"]
+    assert (stand.dir / "omp").read_text().split() == ["4"], "OMP_NUM_THREADS as the ranks see it"
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_periodic_checkpoints(stand, name):
+    stand.run(name)
+    assert set_values(stand.srun_split()[1], "checkpoint.every_minutes") == ["10"]
+    p = stand.run(name, CKPT_MINUTES=2.5)
+    assert p.returncode == 0, p.output
+    assert set_values(stand.srun_split()[1], "checkpoint.every_minutes") == ["2.5"]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_device_is_a_variable(stand, name):
+    stand.run(name)
+    assert set_values(stand.srun_split()[1], "runtime.device") == [DEFAULT_DEVICE[name]]
+    for device in ("cpu", "cuda"):
+        p = stand.run(name, DEVICE=device)
+        assert p.returncode == 0, p.output
+        assert set_values(stand.srun_split()[1], "runtime.device") == [device]
+    text = (SLURM / f"{name}.sbatch").read_text()
+    assert not re.search(r'runtime\.device=(?!"?\$DEVICE)', text), "runtime.device set only from $DEVICE"
+
+
+@pytest.mark.parametrize("name", ["requeue", "array_sweep"])
+def test_no_hard_coded_cuda(name):
+    """These two fit GPU and CPU nodes alike: nothing in them may insist on CUDA."""
+    text = (SLURM / f"{name}.sbatch").read_text()
+    assert not re.search(r"device\s*=\s*\"?cuda", text, re.IGNORECASE)
+    assert not re.search(r"DEVICE:-cuda", text)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_module_block_is_marked_and_commented(name):
+    """A block to edit for the site's modules, inert as shipped (the tests run without `module`)."""
+    lines = (SLURM / f"{name}.sbatch").read_text().splitlines()
+    start = next(i for i, s in enumerate(lines) if s.startswith("# ---- environment"))
+    end = next(i for i, s in enumerate(lines) if i > start and s.startswith("# ----"))
+    block = lines[start + 1:end]
+    assert any(re.match(r"# module load \S+", s) for s in block)
+    assert any("activate" in s for s in block)
+    assert all(s.startswith("#") for s in block), "shipped commented out"
+    srun = next(i for i, s in enumerate(lines) if s.startswith("srun "))
+    assert end < srun
+    assert not any(re.match(r"\s*module\s", s) for s in lines), "no live module command"
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_settings_are_valid_config(stand, name):
+    """Every --set a template passes is a key hpcfl knows, with a value it accepts."""
+    from hpcfl import config
+
+    p = stand.run(name, CKPT_MINUTES=7.5)  # not the default of 10, so the value must arrive
+    assert p.returncode == 0, p.output
+    prog = stand.srun_split()[1]
+    cfg = config.load(ROOT / prog[2], set_pairs(prog))
+    assert cfg.runtime.device == DEFAULT_DEVICE[name]
+    assert cfg.runtime.threads == 2
+    assert cfg.checkpoint.every_minutes == 7.5
+    if name == "array_sweep":
+        assert cfg.run.seed == 3
 
 
 @pytest.mark.parametrize("name", PLAIN + ["array_sweep"])
@@ -276,7 +370,33 @@ def test_array_maps_task_id_to_seed_and_out(stand):
     assert p.returncode == 0, p.output
     _, prog = stand.srun_split()
     assert "run.seed=3" in set_pairs(prog)
-    assert out_of(prog) == "runs/sweep/seed-3"
+    assert out_of(prog) == "runs/sweep/12340/seed-3"
+
+
+def test_sweeps_never_share_outputs(stand):
+    """Each sweep writes under its own name (SWEEP_NAME, else the array job ID); a rerun of a task
+    under the same name writes where it wrote before (and so resumes)."""
+    def out(**env):
+        p = stand.run("array_sweep", **env)
+        assert p.returncode == 0, p.output
+        return out_of(stand.srun_split()[1])
+
+    assert out(SLURM_ARRAY_JOB_ID=111) == "runs/sweep/111/seed-3"
+    assert out(SLURM_ARRAY_JOB_ID=222) == "runs/sweep/222/seed-3"
+    assert out(SWEEP_NAME="lr-a", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-a/seed-3"
+    assert out(SWEEP_NAME="lr-b", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-b/seed-3"
+    assert out(SWEEP_NAME="lr-a", SLURM_ARRAY_JOB_ID=333) == "runs/sweep/lr-a/seed-3"
+    tasks = {out(SLURM_ARRAY_TASK_ID=i) for i in range(10)}
+    assert len(tasks) == 10 and all(t.startswith("runs/sweep/12340/seed-") for t in tasks)
+
+
+def test_sweep_without_name_needs_array_job_id(stand):
+    p = stand.run("array_sweep", SLURM_ARRAY_JOB_ID=None)
+    assert p.returncode != 0 and stand.argv("srun") is None
+    assert "SLURM_ARRAY_JOB_ID" in p.output
+    p = stand.run("array_sweep", SLURM_ARRAY_JOB_ID=None, SWEEP_NAME="seeds")
+    assert p.returncode == 0, p.output
+    assert out_of(stand.srun_split()[1]) == "runs/sweep/seeds/seed-3"
 
 
 def test_array_task_outside_values(stand):
@@ -303,7 +423,7 @@ def test_array_sweeps_a_bash_array(stand):
     assert p.returncode == 0, p.output
     _, prog = stand.srun_split()
     assert "algorithm.lr=0.1" in set_pairs(prog)
-    assert out_of(prog) == "runs/sweep/lr-0.1"
+    assert out_of(prog) == "runs/sweep/12340/lr-0.1"
 
 
 def test_shellcheck_if_available():
