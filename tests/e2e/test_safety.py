@@ -152,7 +152,7 @@ def test_run_names_are_plain_names(tmp_path, name):
     assert p.returncode == 2 and "run.name" in p.stderr and "plain name" in p.stderr, p.stderr
 
 
-TIMED = JOB.replace("rounds = 6", "rounds = 60").replace('progress = "line"', 'progress = "none"') + """
+TIMED = JOB.replace("rounds = 6", "rounds = 400").replace('progress = "line"', 'progress = "none"') + """
 [checkpoint]
 every_minutes = 0.005
 keep = 3
@@ -168,19 +168,20 @@ def test_time_based_checkpoint_loses_at_most_one_interval(tmp_path_factory, tmp_
     deadline = time.time() + 60
     while not list(ckpts.glob("ckpt-*.h5")) and p.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    time.sleep(random.Random(7).uniform(0.5, 1.5))
+    time.sleep(random.Random(7).uniform(0.2, 0.8))
     kill_group(p)
     killed = time.time()
     p.wait(timeout=30)
-    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed; make it longer"
+    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed; give it more rounds"
     saved = sorted(ckpts.glob("ckpt-*.h5"))
     last = max(saved, key=lambda q: q.stat().st_mtime)
     with h5py.File(out / "results.h5", "r", swmr=True) as f:
         done = len(f["metrics/round"])
         slowest = float(np.max(f["metrics/time_round"][()]))
     ckpt_round = int(last.stem.split("-")[1])
-    assert 0 < ckpt_round <= done < 60
-    assert ckpt_round % 10 != 0 or len(saved) > 1   # rounds are not the trigger: every = 0
+    assert 0 < ckpt_round <= done < 400   # every = 0: only the clock can have written it
+    print(f"killed after {done} rounds; newest checkpoint after round {ckpt_round}, "
+          f"{killed - last.stat().st_mtime:.2f} s before the kill (interval {interval:.1f} s)")
     # A checkpoint is taken at the first round end after the interval has passed.
     assert killed - last.stat().st_mtime <= interval + 2 * slowest + 1.0
     p = hpcfl("run", jobfile, "--out", str(out))
