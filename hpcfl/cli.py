@@ -305,7 +305,12 @@ def cmd_partition(args, comm) -> int:
     print(summary(parts, ds.y_train, ds.num_classes))
     png = Path(args.png or f"{Path(args.job).stem}_partition.png")
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
-    heatmap_png(counts, png, f"{cfg.data.dataset}: {cfg.data.partition}, {len(parts)} clients")
+    try:
+        heatmap_png(counts, png, f"{cfg.data.dataset}: {cfg.data.partition}, {len(parts)} clients")
+    except OSError as exc:
+        print(f"--png {png} cannot be written ({exc.strerror or exc}); choose a path in a writable directory",
+              file=sys.stderr)
+        return EXIT_INPUT
     print(f"heatmap: {png}  ({time.perf_counter() - t0:.1f} s)")
     return 0
 

@@ -159,11 +159,17 @@ keep = 3
 """
 
 
-def test_time_based_checkpoint_loses_at_most_one_interval(tmp_path_factory, tmp_path):
-    ref = reference_run(tmp_path_factory, TIMED, "timed_ref")
+@pytest.fixture(scope="module")
+def timed_ref(tmp_path_factory):
+    return reference_run(tmp_path_factory, TIMED, "timed_ref")
+
+
+@pytest.mark.parametrize("ranks", [0, 2])   # 2: rank 0's clock decides for both ranks
+def test_time_based_checkpoint_loses_at_most_one_interval(timed_ref, tmp_path, ranks):
+    ref = timed_ref
     jobfile, out = job(tmp_path, TIMED), tmp_path / "out"
     interval = 0.005 * 60
-    p = start("run", jobfile, "--out", str(out))
+    p = start("run", jobfile, "--out", str(out), ranks=ranks)
     ckpts = out / "checkpoints"
     deadline = time.time() + 60
     while not list(ckpts.glob("ckpt-*.h5")) and p.poll() is None and time.time() < deadline:
@@ -184,9 +190,15 @@ def test_time_based_checkpoint_loses_at_most_one_interval(tmp_path_factory, tmp_
           f"{killed - last.stat().st_mtime:.2f} s before the kill (interval {interval:.1f} s)")
     # A checkpoint is taken at the first round end after the interval has passed.
     assert killed - last.stat().st_mtime <= interval + 2 * slowest + 1.0
-    p = hpcfl("run", jobfile, "--out", str(out))
+    p = hpcfl("run", jobfile, "--out", str(out), ranks=3 if ranks else 0)
     assert p.returncode == 0 and f"resuming from {last.name}" in p.stdout, p.stderr
     assert_same_run(ref / "out", out)
+
+
+def test_partition_png_in_a_missing_directory_exits_2(tmp_path):
+    png = tmp_path / "missing" / "p.png"
+    p = hpcfl("partition", job(tmp_path), "--png", str(png))
+    assert p.returncode == 2 and f"--png {png} cannot be written" in p.stderr and "Traceback" not in p.stderr
 
 
 STEP = JOB.replace('lr = 0.05', 'lr = 0.05\nlr_schedule = "step"\nlr_milestones = [0.5, 0.75]')
