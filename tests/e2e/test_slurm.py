@@ -16,11 +16,11 @@ SLURM = ROOT / "slurm"
 TEMPLATES = ["single_node_gpu", "multi_node", "cpu_only", "requeue", "array_sweep"]
 PLAIN = ["single_node_gpu", "multi_node", "cpu_only"]  # no logic of their own: exit code is srun's
 GPU = ["single_node_gpu", "multi_node", "requeue"]     # allocate GPUs
-# runtime.device each template passes when DEVICE is not set in the environment
+# runtime.device each template passes when HPCFL_DEVICE is not set in the environment
 DEFAULT_DEVICE = {"single_node_gpu": "cuda", "multi_node": "cuda", "cpu_only": "cpu",
                   "requeue": "auto", "array_sweep": "auto"}
 # environment variables the templates read (the tests set them explicitly or not at all)
-TEMPLATE_ENV = ("HPCFL_CMD", "MAX_REQUEUES", "DEVICE", "CKPT_MINUTES", "SWEEP_NAME", "OMP_NUM_THREADS")
+TEMPLATE_ENV = ("HPCFL_CMD", "MAX_REQUEUES", "HPCFL_DEVICE", "HPCFL_CKPT_MINUTES", "HPCFL_SWEEP", "OMP_NUM_THREADS")
 
 # srun: record argv one per line, drop srun's own --options (the templates write them as
 # --opt=value), then run the rest, as srun runs the program on each rank.
@@ -222,7 +222,7 @@ def test_cpu_binding_and_threads_follow_cpus_per_task(stand, name):
 def test_periodic_checkpoints(stand, name):
     stand.run(name)
     assert set_values(stand.srun_split()[1], "checkpoint.every_minutes") == ["10"]
-    p = stand.run(name, CKPT_MINUTES=2.5)
+    p = stand.run(name, HPCFL_CKPT_MINUTES=2.5)
     assert p.returncode == 0, p.output
     assert set_values(stand.srun_split()[1], "checkpoint.every_minutes") == ["2.5"]
 
@@ -232,11 +232,11 @@ def test_device_is_a_variable(stand, name):
     stand.run(name)
     assert set_values(stand.srun_split()[1], "runtime.device") == [DEFAULT_DEVICE[name]]
     for device in ("cpu", "cuda"):
-        p = stand.run(name, DEVICE=device)
+        p = stand.run(name, HPCFL_DEVICE=device)
         assert p.returncode == 0, p.output
         assert set_values(stand.srun_split()[1], "runtime.device") == [device]
     text = (SLURM / f"{name}.sbatch").read_text()
-    assert not re.search(r'runtime\.device=(?!"?\$DEVICE)', text), "runtime.device set only from $DEVICE"
+    assert not re.search(r'runtime\.device=(?!"?\$HPCFL_DEVICE)', text), "runtime.device set only from $HPCFL_DEVICE"
 
 
 @pytest.mark.parametrize("name", ["requeue", "array_sweep"])
@@ -244,7 +244,7 @@ def test_no_hard_coded_cuda(name):
     """These two fit GPU and CPU nodes alike: nothing in them may insist on CUDA."""
     text = (SLURM / f"{name}.sbatch").read_text()
     assert not re.search(r"device\s*=\s*\"?cuda", text, re.IGNORECASE)
-    assert not re.search(r"DEVICE:-cuda", text)
+    assert not re.search(r"HPCFL_DEVICE:-cuda", text)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -267,7 +267,7 @@ def test_settings_are_valid_config(stand, name):
     """Every --set a template passes is a key hpcfl knows, with a value it accepts."""
     from hpcfl import config
 
-    p = stand.run(name, CKPT_MINUTES=7.5)  # not the default of 10, so the value must arrive
+    p = stand.run(name, HPCFL_CKPT_MINUTES=7.5)  # not the default of 10, so the value must arrive
     assert p.returncode == 0, p.output
     prog = stand.srun_split()[1]
     cfg = config.load(ROOT / prog[2], set_pairs(prog))
@@ -374,7 +374,7 @@ def test_array_maps_task_id_to_seed_and_out(stand):
 
 
 def test_sweeps_never_share_outputs(stand):
-    """Each sweep writes under its own name (SWEEP_NAME, else the array job ID); a rerun of a task
+    """Each sweep writes under its own name (HPCFL_SWEEP, else the array job ID); a rerun of a task
     under the same name writes where it wrote before (and so resumes)."""
     def out(**env):
         p = stand.run("array_sweep", **env)
@@ -383,9 +383,9 @@ def test_sweeps_never_share_outputs(stand):
 
     assert out(SLURM_ARRAY_JOB_ID=111) == "runs/sweep/111/seed-3"
     assert out(SLURM_ARRAY_JOB_ID=222) == "runs/sweep/222/seed-3"
-    assert out(SWEEP_NAME="lr-a", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-a/seed-3"
-    assert out(SWEEP_NAME="lr-b", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-b/seed-3"
-    assert out(SWEEP_NAME="lr-a", SLURM_ARRAY_JOB_ID=333) == "runs/sweep/lr-a/seed-3"
+    assert out(HPCFL_SWEEP="lr-a", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-a/seed-3"
+    assert out(HPCFL_SWEEP="lr-b", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-b/seed-3"
+    assert out(HPCFL_SWEEP="lr-a", SLURM_ARRAY_JOB_ID=333) == "runs/sweep/lr-a/seed-3"
     tasks = {out(SLURM_ARRAY_TASK_ID=i) for i in range(10)}
     assert len(tasks) == 10 and all(t.startswith("runs/sweep/12340/seed-") for t in tasks)
 
@@ -394,7 +394,7 @@ def test_sweep_without_name_needs_array_job_id(stand):
     p = stand.run("array_sweep", SLURM_ARRAY_JOB_ID=None)
     assert p.returncode != 0 and stand.argv("srun") is None
     assert "SLURM_ARRAY_JOB_ID" in p.output
-    p = stand.run("array_sweep", SLURM_ARRAY_JOB_ID=None, SWEEP_NAME="seeds")
+    p = stand.run("array_sweep", SLURM_ARRAY_JOB_ID=None, HPCFL_SWEEP="seeds")
     assert p.returncode == 0, p.output
     assert out_of(stand.srun_split()[1]) == "runs/sweep/seeds/seed-3"
 
