@@ -94,6 +94,8 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
     rundir.check_writable(ckpt_dir, "checkpoint.dir", "set checkpoint.dir to a directory you can write, or leave "
                                                       "it unset for <out>/checkpoints")
+    if out.is_dir() and cfg.results.locking:   # before reading: a live run may be rewriting these files
+        rundir.lock(out)
     store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.is_dir() else None
     path = out / "results.h5"
     if args.force:
@@ -150,6 +152,8 @@ def _commit(cfg, out: Path, plan: Plan):
             plan.notes.append(f"--force: the previous run is set aside in {aside}; it is deleted once this run "
                               f"has written its first checkpoint")
         out.mkdir(parents=True, exist_ok=True)
+        if cfg.results.locking and not rundir.holding():
+            rundir.lock(out)
         rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
         store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
         store.clean_temp()

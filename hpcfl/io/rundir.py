@@ -25,7 +25,9 @@ from pathlib import Path
 from ..errors import HpcflError
 
 MARKER = ".hpcfl-run"
+LOCK = ".hpcfl-lock"
 ASIDE_PREFIX = "replaced-"
+_held: list = []   # open lock files: the lock lasts as long as the process (released on any exit)
 
 
 def new_run_id() -> str:
@@ -67,6 +69,41 @@ def check_writable(path: Path, what: str, fix: str) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise HpcflError(f"{what} {path} cannot be written ({base}: {reason}); {fix}") from None
+
+
+def lock(out: Path) -> None:
+    """Hold an exclusive lock on ``out`` for the life of this process, or raise.
+
+    Two runs writing one ``--out`` at once would rebuild and replace each other's
+    ``results.h5``. ``flock`` is released by the kernel when the process ends in any way
+    (SIGKILL included), so a killed run never leaves a stale lock. On a filesystem without
+    locking (``results.locking = false``) the caller skips this.
+    """
+    import fcntl
+
+    f = open(out / LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise HpcflError(f"{out} is in use by another hpcfl run ({holder}); wait for it to end, or choose "
+                         f"another --out") from None
+    except OSError as exc:   # e.g. ENOLCK: no locking on this filesystem
+        f.close()
+        raise HpcflError(f"cannot lock {out / LOCK} ({exc.strerror or exc}); on a filesystem without file "
+                         f"locking set results.locking = false") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+    f.flush()
+    _held.append(f)
+
+
+def holding() -> bool:
+    """Whether this process holds a run lock."""
+    return bool(_held)
 
 
 def read_marker(directory: Path) -> dict | None:

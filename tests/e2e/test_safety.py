@@ -52,8 +52,9 @@ def job(tmp_path, text=JOB):
 
 
 def snapshot(out: Path) -> dict:
-    """Every file under ``out`` with its bytes."""
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    """Every file under ``out`` with its bytes (but the lock file, which names the last holder)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != rundir.LOCK}
 
 
 @pytest.mark.parametrize("bad", [
@@ -221,3 +222,23 @@ def test_longer_run_rounds_keeps_the_lr_schedule_or_refuses(tmp_path_factory, tm
     ref = tmp_path_factory.mktemp("long")
     assert hpcfl("run", jobfile, "--out", str(ref / "out"), *keep).returncode == 0
     assert_same_run(ref / "out", out)
+
+
+def test_a_second_run_into_a_live_out_is_refused(tmp_path, timed_ref):
+    jobfile, out = job(tmp_path, TIMED), tmp_path / "out"
+    p = start("run", jobfile, "--out", str(out))
+    deadline = time.time() + 60
+    while not (out / "results.h5").exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        assert p.poll() is None, "the first run ended too early"
+        for extra in ([], ["--force"]):
+            q = hpcfl("run", jobfile, "--out", str(out), *extra)
+            assert q.returncode == 2 and f"{out} is in use by another hpcfl run (pid {p.pid}" in q.stderr, q.stderr
+            assert not [d for d in out.iterdir() if d.name.startswith("replaced-")]
+    finally:
+        kill_group(p, signal.SIGTERM)     # stops at the next round end with a checkpoint, exit 75
+    assert p.wait(timeout=60) == 75
+    q = hpcfl("run", jobfile, "--out", str(out))   # the lock went with the process
+    assert q.returncode == 0 and "resuming from" in q.stdout, q.stderr
+    assert_same_run(timed_ref / "out", out)
