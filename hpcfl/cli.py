@@ -109,7 +109,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
             raise HpcflError(f"{store.directory} holds checkpoints but {path} is missing; remove them, choose "
                              f"another --out, or pass --force to start over")
         return Plan("fresh", rundir.new_run_id(), ckpt_dir)
-    state, old = found
+    state, old, old_id = found
     changed, problem = config.resume_changes(old, cfg) if old else ([], None)
     if problem:
         raise HpcflError(f"resuming {out}: {problem}")
@@ -121,7 +121,6 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     if unnamed:
         raise HpcflError(f"resuming {out} with changed {', '.join(unnamed)}: these are safe to change; confirm with "
                          + " ".join(f"--allow-change {k}" for k in unnamed))
-    old_id = results.run_id(path)
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
     if store is None:

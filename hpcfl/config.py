@@ -363,9 +363,15 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:
-    """Dotted keys whose values differ between two ``Config.to_dict()`` dicts."""
+    """Dotted keys whose values differ between two ``Config.to_dict()`` dicts.
+
+    A key the stored job ``old`` lacks is no change when ``new`` leaves it at its section
+    default: a newer hpcfl added it, and it behaves as before.
+    """
     a, b = flatten(old), flatten(new)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    defaults = flatten(_defaults())
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
+                  and not (k not in a and k in defaults and b[k] == defaults[k]))
 
 
 SCHEDULE_KEYS = ("algorithm.lr_milestones", "algorithm.lr_milestone_rounds")
@@ -374,28 +380,25 @@ SCHEDULE_KEYS = ("algorithm.lr_milestones", "algorithm.lr_milestone_rounds")
 def resume_changes(old: dict, new: "Config") -> tuple[list[str], str | None]:
     """(changed keys, schedule problem or None) between a stored job and a resuming one.
 
-    Keys a newer hpcfl added are not changes when the resuming job leaves them at their
-    default. The lr milestones are compared as the rounds they resolve to, so giving the
+    Changed keys as :func:`changed_keys` finds them, but the lr milestones are compared
+    as the rounds they resolve to, so giving the
     same schedule in rounds instead of fractions is no change; a different resolved
     schedule (a new ``run.rounds`` moves fractional milestones) is a problem with the
     exact ``--set`` that keeps the original one.
     """
     from .algorithms import milestone_rounds
 
-    a, b = flatten(old), flatten(new.to_dict())
-    defaults = flatten(_defaults())
-    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-               and not (k not in a and k in defaults and b.get(k) == defaults[k])]
+    changed = changed_keys(old, new.to_dict())
     if not any(k.startswith("algorithm.lr_") or k == "run.rounds" for k in changed):
         return changed, None
-    alg, rounds = old.get("algorithm", {}), old.get("run", {}).get("rounds", new.run.rounds)
-    before = milestone_rounds(alg.get("lr_schedule", "constant"), alg.get("lr_milestones", (0.5, 0.75)),
-                              alg.get("lr_milestone_rounds"), rounds)
+    alg = {**_defaults()["algorithm"], **old.get("algorithm", {})}   # stored jobs omit None keys
+    rounds = old.get("run", {}).get("rounds", new.run.rounds)
+    before = milestone_rounds(alg["lr_schedule"], alg["lr_milestones"], alg["lr_milestone_rounds"], rounds)
     now = milestone_rounds(new.algorithm.lr_schedule, new.algorithm.lr_milestones, new.algorithm.lr_milestone_rounds,
                            new.run.rounds)
     if before == now:
         return [k for k in changed if k not in SCHEDULE_KEYS], None
-    if alg.get("lr_schedule", "constant") != new.algorithm.lr_schedule or alg.get("lr_gamma") != new.algorithm.lr_gamma:
+    if alg["lr_schedule"] != new.algorithm.lr_schedule or alg["lr_gamma"] != new.algorithm.lr_gamma:
         return changed, None   # a different schedule altogether: reported as a changed key
     problem = (f"the lr milestones would move from rounds {list(before)} to {list(now)} (counted from 0; "
                f"run.rounds {rounds} -> {new.run.rounds})")

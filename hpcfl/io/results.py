@@ -298,29 +298,22 @@ def load(path: str | Path) -> Results:
     return res
 
 
-def status(path: Path) -> tuple[str, dict] | None:
-    """(status, config dict) of an existing results file, or None if there is none.
+def status(path: Path) -> tuple[str, dict, str | None] | None:
+    """(status, config dict, run id) of an existing results file, or None if there is none.
 
-    A file that cannot be read (killed before its first flush) reads as ("unreadable", {}).
+    A file that cannot be read (killed before its first flush) reads as ("unreadable", {},
+    None); files of an hpcfl older than run ids have None as their id.
     """
     path = Path(path)
     if not path.exists():
         return None
     try:
         with _open(path, "r", swmr=True) as f:
-            return str(f.attrs.get("status", "running")), json.loads(f.attrs.get("config", "{}"))
+            rid = f.attrs.get("run_id")
+            return (str(f.attrs.get("status", "running")), json.loads(f.attrs.get("config", "{}")),
+                    None if rid is None else str(rid))
     except (OSError, ValueError):
-        return "unreadable", {}
-
-
-def run_id(path: Path) -> str | None:
-    """The run id of an existing results file (None when absent: unreadable, or older hpcfl)."""
-    try:
-        with _open(Path(path), "r", swmr=True) as f:
-            v = f.attrs.get("run_id")
-            return None if v is None else str(v)
-    except (OSError, ValueError):
-        return None
+        return "unreadable", {}, None
 
 
 def metric_rows(path: Path) -> list[dict]:
