@@ -48,6 +48,10 @@ class Watchdog:
                 print(f"hpcfl watchdog: rank {self.comm.rank} stuck in phase '{phase}' of round {rnd} for "
                       f"{held:.0f} s (watchdog.timeout_s = {self.timeout:g}); aborting all ranks",
                       file=sys.stderr, flush=True)
+                # MPI_Abort tears mpiexec down at once; without a pause the launcher can exit
+                # before it forwards this line (seen in CI: an empty stderr). Every rank
+                # that times out in the pause prints too, so the user sees each rank's phase.
+                time.sleep(1.0)
                 self.comm.Abort(1)
 
 
