@@ -75,7 +75,7 @@ def run_one(comm, cfg) -> tuple[np.ndarray, list[int], float]:
     first = []
 
     def on_round(m, clients):
-        if m["round"] == 0:
+        if m["round"] == 1:   # rounds count from 1
             first.extend(int(s) for s in clients["steps"])
 
     x = simulation.run(setup, on_round=on_round)

@@ -124,16 +124,16 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
     if store is None:
-        return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting from round 0"])
+        return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting at round 1"])
     loaded = store.load_latest()
     notes = [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
     if loaded is None:
-        return Plan("fresh", run_id, ckpt_dir, notes=notes + [f"no valid checkpoint in {ckpt_dir}; starting from "
-                                                              f"round 0"])
+        return Plan("fresh", run_id, ckpt_dir, notes=notes + [f"no valid checkpoint in {ckpt_dir}; starting at "
+                                                              f"round 1"])
     if state == "finished" and loaded.round >= cfg.run.rounds:
         return Plan("done", run_id, ckpt_dir, loaded, notes)
-    return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (round "
-                                                             f"{loaded.round})"])
+    return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (written "
+                                                             f"after round {loaded.round})"])
 
 
 def _commit(cfg, out: Path, plan: Plan):
@@ -261,7 +261,8 @@ def cmd_run(args, comm) -> int:
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
         _exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
     if comm.rank == 0:
-        writer.write_final(x, setup.model.names, setup.model.shapes)
+        writer.write_final(x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
+                           setup.dataset.num_classes)
         writer.close()
         progress.close()
     signals.ignore()   # finished: a stop signal from here on changes nothing

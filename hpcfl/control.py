@@ -45,7 +45,7 @@ class Watchdog:
             held = time.monotonic() - self.since
             if held > self.timeout:
                 phase, rnd = self.where
-                print(f"hpcfl watchdog: rank {self.comm.rank} stuck in phase '{phase}' of round {rnd} for "
+                print(f"hpcfl watchdog: rank {self.comm.rank} stuck in phase '{phase}' of round {rnd + 1} for "
                       f"{held:.0f} s (watchdog.timeout_s = {self.timeout:g}); aborting all ranks",
                       file=sys.stderr, flush=True)
                 # MPI_Abort tears mpiexec down at once; without a pause the launcher can exit
@@ -57,6 +57,8 @@ class Watchdog:
 
 class FaultInjector:
     """Test hook: ``HPCFL_FAULT=rank:phase:round:kind`` fails that rank there.
+
+    ``round`` is the loop's index, counted from 0 (messages and files count from 1).
 
     kind is ``raise`` (an exception), ``exit`` (sys.exit(3)), ``kill`` (SIGKILL to itself)
     or ``hang`` (sleep forever, for the watchdog). When ``HPCFL_FAULT_STAMP`` names a file,
@@ -122,9 +124,9 @@ class RunControl:
         A NaN or Inf anywhere in the update makes its norm NaN or Inf.
         """
         if not np.isfinite(norm):
-            return f"client {cid} in round {rnd}: its update holds NaN or Inf"
+            return f"client {cid} in round {rnd + 1}: its update holds NaN or Inf"
         if self.guard.max_norm and norm > self.guard.max_norm:
-            return f"client {cid} in round {rnd}: update norm {norm:.4g} exceeds guard.max_norm = {self.guard.max_norm:g}"
+            return f"client {cid} in round {rnd + 1}: update norm {norm:.4g} exceeds guard.max_norm = {self.guard.max_norm:g}"
         return None
 
     def agree_guard(self, problems: list[str]) -> list[str]:

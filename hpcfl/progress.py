@@ -30,9 +30,13 @@ class Progress:
         if not math.isnan(acc):
             self.best = acc if math.isnan(self.best) else max(self.best, acc)
         acc_s = f"{acc:.4f}" if not math.isnan(acc) else "  -   "
-        r = m["round"] + 1
+        if math.isnan(acc) and not math.isnan(m["test_loss"]):   # a model without accuracy
+            test = f"test_loss {m['test_loss']:.4f}"
+        else:
+            test = f"test_acc {acc_s}"
+        r = m["round"]
         text = (f"round {r:>{len(str(self.rounds))}}/{self.rounds}  train_loss {m['train_loss']:.4f}  "
-                f"test_acc {acc_s}  clients {m['clients_participating']}  {m['time_round']:.2f} s")
+                f"{test}  clients {m['clients_participating']}  {m['time_round']:.2f} s")
         if self.mode == "bar":
             width = 20
             filled = int(width * r / self.rounds)
@@ -48,16 +52,24 @@ class Progress:
 
 
 def summary_table(history: list[dict], wall: float, path) -> str:
-    """The closing table: rounds, final and best test accuracy, time by phase."""
+    """The closing table: rounds, final and best test accuracy (the test loss for models
+    without an accuracy, e.g. the quadratic), time by phase."""
     acc = np.array([h["test_accuracy"] for h in history], dtype=np.float64)
-    evaluated = ~np.isnan(acc)
-    best_i = int(np.nanargmax(acc)) if evaluated.any() else -1
+    loss = np.array([h["test_loss"] for h in history], dtype=np.float64)
+    rounds = [h["round"] for h in history]
     phases = ("decide", "train", "reduce", "server", "eval", "round")
     phase = {k: np.mean([h.get(f"time_{k}", 0.0) for h in history]) for k in phases}
+    if np.isfinite(acc).any():
+        kind, values, best_i = "accuracy", acc, int(np.nanargmax(acc))
+    elif np.isfinite(loss).any():
+        kind, values, best_i = "loss", loss, int(np.nanargmin(loss))
+    else:
+        kind, values, best_i = "accuracy", acc, -1
+    evaluated = np.isfinite(values)
     rows = [
         ("rounds", f"{len(history)}"),
-        ("final test accuracy", f"{acc[evaluated][-1]:.4f}" if evaluated.any() else "n/a"),
-        ("best test accuracy", f"{acc[best_i]:.4f} (round {best_i + 1})" if best_i >= 0 else "n/a"),
+        (f"final test {kind}", f"{values[evaluated][-1]:.4f}" if evaluated.any() else "n/a"),
+        (f"best test {kind}", f"{values[best_i]:.4f} (round {rounds[best_i]})" if best_i >= 0 else "n/a"),
         ("final train loss", f"{history[-1]['train_loss']:.4f} (clients' mean local mini-batch loss)"),
         ("seconds per round", f"{phase['round']:.3f} (decide {phase['decide']:.3f}, train {phase['train']:.3f}, "
                               f"reduce {phase['reduce']:.3f}, server {phase['server']:.3f}, eval {phase['eval']:.3f})"),

@@ -259,7 +259,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             checkpoint(done, x, sim_time)
             control.checkpointed()
         if stop:
-            raise Stopped(f"stopped by {stop} after round {rnd} with a checkpoint")
+            raise Stopped(f"stopped by {stop} after round {done} with a checkpoint")
     return x
 
 
@@ -280,7 +280,7 @@ def _round_records(algo, ctx, sums, gathered, diag):
     dropped[(np.asarray(ctx.steps) == 0) & (dropped == 0)] = NO_STEPS   # e.g. FedGSNR's n_opt = 0
     dropped[[j for j, c in enumerate(cohort) if c in done and done[c][2]]] = REJECTED
     clients = {
-        "round": np.full(k, ctx.rnd), "client": cohort, "steps": ctx.steps,
+        "round": np.full(k, ctx.rnd + 1), "client": cohort, "steps": ctx.steps,
         "weight": np.array([weights[j] / total_w if c in ok else 0.0 for j, c in enumerate(cohort)]),
         "train_loss": np.array([done.get(c, (np.nan,))[0] for c in cohort]),
         "anorm": np.array([done[c][1] if c in ok else 0.0 for c in cohort]),
@@ -288,7 +288,7 @@ def _round_records(algo, ctx, sums, gathered, diag):
         "dropped": dropped,
     }
     metrics = {
-        "round": ctx.rnd, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
+        "round": ctx.rnd + 1, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
         "clients_participating": len(ok), "lr": ctx.lr, "tau_eff": diag.get("tau_eff", float("nan")),
     }
     extra_clients, extra_rounds = algo.records(ctx)

@@ -60,7 +60,8 @@ class Layout:
 
 
 def milestone_rounds(schedule: str, milestones, milestone_rounds, rounds: int) -> tuple[int, ...]:
-    """The rounds (counted from 0) from which the client lr is multiplied once more by lr_gamma.
+    """Milestones m (loop indices, from 0): rounds m+1 onwards, counted from 1 as the files do,
+    have the client lr multiplied once more by lr_gamma.
 
     ``milestone_rounds`` when given; else the fractions ``milestones`` of ``rounds``:
     (0.5, 0.75) is FedNova's code schedule, x0.1 from round floor(R/2) and x0.01 from

@@ -3,10 +3,12 @@
 Layout (every ``/metrics`` and ``/clients`` dataset is 1-D, resizable, and grows by
 one row per round or per participating client; the file is flushed after every round)::
 
-    /                      attrs: config (JSON), config_sha256, run_id, versions (JSON: hpcfl,
-                                  torch, ...), world_size, devices (JSON list, one per rank),
-                                  seed, status ("running" | "finished"), resumed_at_round
-    /metrics/round                 int64    round index, 0-based
+    /                      attrs: schema_version (2), config (JSON), config_sha256, run_id,
+                                  versions (JSON: hpcfl, torch, ...), world_size, devices (JSON
+                                  list, one per rank) of the latest segment, seed, status
+                                  ("running" | "finished"), resumed_at_round
+    /metrics/round                 int64    round number, 1-based: row r holds round r, measured
+                                            after r rounds (the console's "round r/R")
     /metrics/train_loss            float64  weight-averaged mean local mini-batch loss
     /metrics/test_accuracy         float64  NaN on rounds without evaluation
     /metrics/test_loss             float64  NaN on rounds without evaluation
@@ -21,7 +23,8 @@ one row per round or per participating client; the file is flushed after every r
     /metrics/time_decide, time_train, time_reduce, time_server, time_eval, time_round
                                    float64  real seconds per phase on rank 0 (decide: weights,
                                             statistics phase, steps)
-    /clients/round, /clients/client, /clients/steps      int64  (one row per cohort member)
+    /clients/round, /clients/client, /clients/steps      int64  (one row per cohort member;
+                                                                round 1-based as above)
     /clients/weight, /clients/train_loss                 float64 (normalised weight; 0 and NaN if dropped)
     /clients/anorm                 float64  ||a_i||_1, FedNova's normaliser (= steps for plain SGD)
     /clients/sim_time              float64  simulated arrival time of the client's update
@@ -32,20 +35,27 @@ one row per round or per participating client; the file is flushed after every r
                                             FedGSNR's GSNR, ...), see docs/architecture.md
     /clients_summary/<field>_<stat> float64 (clients,) per-client median or mean over rounds
                                             of fields declared with a summary
+    /segments/<column>             one row per start or resume of the run: start_round (int64,
+                                   the first round it ran, 1-based), world_size (int64), devices
+                                   and versions (JSON strings), started (UTC time string)
     /partition/class_counts        int64 (clients, classes)  training samples per class
-    /final/params                  float32 (L,)   final flat model (parameters, then float buffers)
+    /final/params                  run dtype (L,) final flat model (parameters, then float buffers)
     /final/param_names             str (entries,) "param:<module path>" or "buffer:<path>"
-    /final/param_shapes            JSON string attribute ``shapes`` on /final (list of lists)
+    /final attrs                   shapes (JSON list of lists), input_shape (JSON list, one
+                                   sample's shape), num_classes: what rebuilds the model
 
-Every /metrics and /clients dataset carries the attributes ``unit`` and ``description``.
+Every dataset carries the attributes ``unit`` and ``description``.
 
-Load a final model into torch: ``hpcfl.results.load(path).state_dict()``.
+Rebuild the trained model: ``hpcfl.results.load(path).model()`` (a torch module in eval
+mode); its weights alone: ``.state_dict()``.
 
-Reading while a run is going: the writer uses HDF5 SWMR (single writer, multiple
-readers), so ``hpcfl.results.load(path)`` (or ``h5py.File(path, "r", swmr=True)``) reads
-every flushed round of a running job. After a SIGKILL at most the round in flight is
-lost; such a file is still marked "open for write" and opens only with ``swmr=True``
-(``hpcfl.results.load`` does that; resuming the run rewrites it cleanly). SWMR needs POSIX write ordering: on NFS or a parallel filesystem without it, set
+Reading: a finished or stopped run's file (any exit but SIGKILL) opens with plain
+``h5py.File(path)``. While a run is going, the writer holds it in HDF5 SWMR mode (single
+writer, multiple readers), so ``hpcfl.results.load(path)`` or ``h5py.File(path, "r",
+swmr=True)`` reads every flushed round. After a SIGKILL at most the round in flight is
+lost; the file is still marked "open for write" and opens only with ``swmr=True`` (or the
+reader) until the run resumes and rewrites it cleanly. SWMR is kept on purpose: a
+non-SWMR HDF5 file killed while open cannot be opened at all (docs/results.md). SWMR needs POSIX write ordering: on NFS or a parallel filesystem without it, set
 ``[results] locking = false`` and copy the file before reading it mid-run.
 """
 
@@ -66,7 +76,7 @@ from ..errors import HpcflError
 
 F64, I64 = np.float64, np.int64
 METRICS = {
-    "round": Field(I64, "round", "round index, 0-based"),
+    "round": Field(I64, "round", "round number, 1-based (row r: after r rounds)"),
     "train_loss": Field(F64, "loss", "weight-averaged mean local mini-batch loss"),
     "test_accuracy": Field(F64, "1", "global model's test accuracy (NaN on rounds without evaluation)"),
     "test_loss": Field(F64, "loss", "global model's mean test loss (NaN on rounds without evaluation)"),
@@ -84,7 +94,7 @@ METRICS = {
     "time_round": Field(F64, "s", "real time of the whole round, rank 0"),
 }
 CLIENT_FIELDS = {
-    "round": Field(I64, "round", "round index, 0-based"),
+    "round": Field(I64, "round", "round number, 1-based"),
     "client": Field(I64, "client", "client id"),
     "steps": Field(I64, "steps", "local steps run (after the system model's deadline)"),
     "weight": Field(F64, "1", "normalised aggregation weight (0 if the client did not report)"),
@@ -95,6 +105,16 @@ CLIENT_FIELDS = {
                                       "5 refused by the guard"),
 }
 SUMMARIES = {"median": np.nanmedian, "mean": np.nanmean}
+# 2: rounds 1-based, /segments, /final in the run's dtype with the model's input shape.
+# Files without the attribute are version 1 (rounds 0-based); the reader converts them.
+SCHEMA_VERSION = 2
+SEGMENT_COLUMNS = {   # name -> (dtype, unit, description)
+    "start_round": (I64, "round", "first round this segment ran (1-based)"),
+    "world_size": (I64, "ranks", "MPI ranks of this segment"),
+    "devices": (h5py.string_dtype(), "JSON", "device of each rank"),
+    "versions": (h5py.string_dtype(), "JSON", "hpcfl, torch, numpy, mpi4py, h5py and MPI versions"),
+    "started": (h5py.string_dtype(), "UTC", "wall-clock start of the segment"),
+}
 
 
 LOCKING = {"locking": True}   # set by configure(); False on filesystems without file locking
@@ -110,11 +130,40 @@ def _open(path, mode, **kw):
     return h5py.File(path, mode, **kw)
 
 
+def _describe(ds, unit: str, description: str):
+    ds.attrs["unit"], ds.attrs["description"] = unit, description
+    return ds
+
+
 def _append(ds: h5py.Dataset, values) -> None:
     values = np.asarray(values, dtype=ds.dtype).reshape(-1)
     n = ds.shape[0]
     ds.resize((n + values.size,))
     ds[n:] = values
+
+
+def _segments(f: h5py.File, rows: list[dict], attrs: dict, start_round: int) -> None:
+    """Create ``/segments`` holding ``rows`` plus this start (from ``attrs``) at ``start_round``."""
+    import time
+
+    now = {"start_round": start_round, "world_size": attrs.get("world_size", 0),
+           "devices": json.dumps(attrs.get("devices", [])), "versions": json.dumps(attrs.get("versions", {})),
+           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    rows = rows + [now]
+    g = f.create_group("segments")
+    for name, (dtype, unit, description) in SEGMENT_COLUMNS.items():
+        _describe(g.create_dataset(name, data=np.array([r[name] for r in rows], dtype=dtype)), unit, description)
+
+
+def _old_segments(f: h5py.File) -> list[dict]:
+    """The segment rows of an existing file; a file older than /segments gives its one known start."""
+    if "segments" in f:
+        g = f["segments"]
+        cols = {k: [v.decode() if isinstance(v, bytes) else v for v in g[k][()]] for k in SEGMENT_COLUMNS}
+        return [{k: cols[k][i] for k in SEGMENT_COLUMNS} for i in range(len(cols["start_round"]))]
+    a = f.attrs
+    return [{"start_round": int(a.get("resumed_at_round", 0)) + 1, "world_size": int(a.get("world_size", 0)),
+             "devices": str(a.get("devices", "[]")), "versions": str(a.get("versions", "{}")), "started": ""}]
 
 
 class ResultsWriter:
@@ -142,13 +191,15 @@ class ResultsWriter:
         for k, v in attrs.items():
             self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         self.file.attrs["status"] = "running"
+        self.file.attrs["schema_version"] = SCHEMA_VERSION
         for group, fields in (("metrics", self.metrics), ("clients", self.client_fields)):
             g = self.file.create_group(group)
             for name, f in fields.items():
                 ds = g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=f.dtype, chunks=(1024,))
-                ds.attrs["unit"] = f.unit
-                ds.attrs["description"] = f.description
-        self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64))
+                _describe(ds, f.unit, f.description)
+        _describe(self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64)),
+                  "samples", "training samples of each class held by each client (clients, classes)")
+        _segments(self.file, [], attrs, 1)
         self.file.swmr_mode = True   # from here on: appends only, readable by SWMR readers
         self.file.flush()
 
@@ -166,14 +217,24 @@ class ResultsWriter:
         with _open(self.path, "r", swmr=True) as old, _open(tmp, "w", libver="latest") as new:
             for k, v in old.attrs.items():
                 new.attrs[k] = v
+            first = 0 if old.attrs.get("schema_version", 1) < 2 else 1   # the first round's number
             for group in ("metrics", "clients"):
-                keep = old[group]["round"][()] < rounds_done
+                keep = old[group]["round"][()] < rounds_done + first
                 g = new.create_group(group)
                 for name, ds in old[group].items():
                     new_ds = g.create_dataset(name, data=ds[()][keep], maxshape=(None,), chunks=(1024,))
                     for k, v in ds.attrs.items():
                         new_ds.attrs[k] = v
-            new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
+            if old.attrs.get("schema_version", 1) < 2:   # an older file counted rounds from 0
+                for group in ("metrics", "clients"):
+                    new[group]["round"][...] = new[group]["round"][()] + 1
+                    _describe(new[group]["round"], "round", CLIENT_FIELDS["round"].description)
+            counts = new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
+            _describe(counts, "samples", "training samples of each class held by each client (clients, classes)")
+            # segments that started after the checkpoint this run resumes from are undone
+            kept = [r for r in _old_segments(old) if r["start_round"] <= rounds_done]
+            _segments(new, kept, attrs, rounds_done + 1)
+            new.attrs["schema_version"] = SCHEMA_VERSION
             for k in ("world_size", "devices", "versions", "run_id"):   # the latest attempt (id: older files)
                 if k not in attrs:
                     continue
@@ -204,14 +265,21 @@ class ResultsWriter:
                              f"{need} bytes; {free:,} bytes are free there. Free space, then run the same "
                              f"command again to resume from the last checkpoint") from None
 
-    def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple]) -> None:
+    def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple],
+                    input_shape: tuple | None = None, num_classes: int | None = None) -> None:
+        """The final model (in its own dtype) and what rebuilds it: one sample's shape, classes."""
         # SWMR allows no new objects or attributes: reopen in normal mode for the last write.
         self.file.close()
         self.file = _open(self.path, "r+", libver="latest")
         g = self.file.require_group("final")
-        g.create_dataset("params", data=np.asarray(params, dtype=np.float32))
-        g.create_dataset("param_names", data=np.array(names, dtype=h5py.string_dtype()))
+        _describe(g.create_dataset("params", data=np.asarray(params)), "1",
+                  "final flat model: parameters, then float buffers, in the order of param_names")
+        _describe(g.create_dataset("param_names", data=np.array(names, dtype=h5py.string_dtype())), "name",
+                  '"param:<module path>" or "buffer:<module path>" of each entry of params')
         g.attrs["shapes"] = json.dumps([list(s) for s in shapes])
+        if input_shape is not None:
+            g.attrs["input_shape"] = json.dumps([int(d) for d in input_shape])
+            g.attrs["num_classes"] = int(num_classes)
         self._write_summaries()
         self.file.attrs["status"] = "finished"
         self.file.flush()
@@ -254,6 +322,37 @@ class Results:
     param_names: list[str] = dc_field(default_factory=list)
     param_shapes: list[tuple] = dc_field(default_factory=list)
     summaries: dict[str, np.ndarray] = dc_field(default_factory=dict)
+    segments: list[dict] = dc_field(default_factory=list)   # one dict per start or resume
+    units: dict = dc_field(default_factory=dict)   # {"metrics": {name: unit}, "clients": {...}}
+    input_shape: tuple | None = None
+    num_classes: int | None = None
+
+    def model(self):
+        """The trained model as a torch module in eval mode, in the run's dtype, on the CPU.
+
+        Built from the stored job's model section, one sample's shape and the class count,
+        then loaded with the final parameters and buffers: evaluating it on the job's test
+        set gives the recorded final test accuracy.
+        """
+        import torch
+
+        from .. import models
+        from ..config import from_dict
+
+        if self.final_params is None:
+            raise HpcflError("this run has no final model yet (it is still running, or was stopped); load it "
+                             "again once the run has finished")
+        if self.input_shape is None:
+            raise HpcflError("this results file predates stored input shapes (schema 1); rebuild the model with "
+                             "hpcfl.models.build_model(...) and load .state_dict() into it")
+        cfg = from_dict(self.config)
+        module = models.build_model(cfg.model.name, cfg.model_options, self.input_shape, self.num_classes)
+        module = module.to(torch.float64 if self.final_params.dtype == np.float64 else torch.float32)
+        missing, unexpected = module.load_state_dict(self.state_dict(), strict=False)
+        if unexpected or [k for k in missing if not k.endswith("num_batches_tracked")]:
+            raise HpcflError(f"the stored model does not fit {cfg.model.name}: missing {missing}, unexpected "
+                             f"{unexpected}")
+        return module.eval()
 
     def state_dict(self) -> dict:
         """The final model as ``{module path: torch.Tensor}`` for ``model.load_state_dict(..., strict=False)``."""
@@ -288,13 +387,21 @@ def load(path: str | Path) -> Results:
             config=attrs.get("config", {}),
             attrs=attrs,
             class_counts=f["partition/class_counts"][()],
+            segments=_old_segments(f),
+            units={g: {k: str(f[g][k].attrs.get("unit", "")) for k in f[g]} for g in ("metrics", "clients")},
         )
+        if f.attrs.get("schema_version", 1) < 2:   # rounds were 0-based: read as today's numbers
+            res.metrics["round"] = res.metrics["round"] + 1
+            res.clients["round"] = res.clients["round"] + 1
         if "clients_summary" in f:
             res.summaries = {k: v[()] for k, v in f["clients_summary"].items()}
         if "final" in f:
             res.final_params = f["final/params"][()]
             res.param_names = [s.decode() if isinstance(s, bytes) else s for s in f["final/param_names"][()]]
             res.param_shapes = [tuple(s) for s in json.loads(f["final"].attrs["shapes"])]
+            if "input_shape" in f["final"].attrs:
+                res.input_shape = tuple(json.loads(f["final"].attrs["input_shape"]))
+                res.num_classes = int(f["final"].attrs["num_classes"])
     return res
 
 

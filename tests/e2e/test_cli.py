@@ -79,7 +79,7 @@ def test_results_schema(finished):
         for name in expected:
             assert m[name].shape == (4,) and m[name].maxshape == (None,)
             assert m[name].attrs["unit"] and len(m[name].attrs["description"]) > 10   # self-describing
-        assert m["round"].dtype == np.int64 and m["round"][()].tolist() == [0, 1, 2, 3]
+        assert m["round"].dtype == np.int64 and m["round"][()].tolist() == [1, 2, 3, 4]
         acc = m["test_accuracy"][()]
         assert np.isnan(acc[0]) and np.isnan(acc[2]) and 0 < acc[1] <= 1 and 0 < acc[3] <= 1
         assert m["clients_participating"][()].tolist() == [4, 4, 4, 4]
@@ -92,7 +92,8 @@ def test_results_schema(finished):
         assert c["sim_time"].attrs["unit"] == "s" and c["steps"].attrs["unit"] == "steps"
         assert c["round"].shape == (16,) and c["steps"][()].tolist() == [3] * 16
         assert c["anorm"][()].tolist() == [3.0] * 16 and c["dropped"][()].tolist() == [0] * 16
-        for r in range(4):
+        assert c["round"][()].tolist() == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4
+        for r in range(1, 5):
             w = c["weight"][()][c["round"][()] == r]
             assert abs(w.sum() - 1) < 1e-12
         counts = f["partition/class_counts"][()]
@@ -103,6 +104,9 @@ def test_results_schema(finished):
         shapes = json.loads(f["final"].attrs["shapes"])
         assert shapes == [[8, 64], [8], [10, 8], [10]]
         assert f["final/params"].dtype == np.float32 and f["final/params"].shape == (8 * 64 + 8 + 10 * 8 + 10,)
+        assert json.loads(f["final"].attrs["input_shape"]) == [1, 8, 8] and f["final"].attrs["num_classes"] == 10
+        assert f.attrs["schema_version"] == 2
+        assert f["segments/start_round"][()].tolist() == [1] and f["segments/world_size"][()].tolist() == [1]
 
 
 def test_reader_and_state_dict_load_the_model(finished):
@@ -112,13 +116,45 @@ def test_reader_and_state_dict_load_the_model(finished):
 
     d, _ = finished
     res = load(d / "out")
-    assert res.metrics["round"].tolist() == [0, 1, 2, 3]
+    assert res.metrics["round"].tolist() == [1, 2, 3, 4]
     cfg = config.from_dict(res.config)
     net = models.build_model("mlp", cfg.model_options, (1, 8, 8), 10)
     missing = net.load_state_dict(res.state_dict(), strict=True)
     assert not missing.missing_keys
     flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
     assert flat.tobytes() == res.final_params.tobytes()
+
+
+def test_results_model_evaluates_to_the_recorded_final_accuracy(finished):
+    import torch
+
+    from hpcfl import data
+
+    d, _ = finished
+    res = load(d / "out")
+    net = res.model()
+    assert not net.training
+    cfg = config.from_dict(res.config)
+    ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed)
+    with torch.no_grad():
+        pred = net(torch.from_numpy(ds.x_test).float()).argmax(1).numpy()
+    correct = int((pred == ds.y_test).sum())
+    assert correct / len(ds.y_test) == res.metrics["test_accuracy"][-1]     # exact: a count over the same set
+
+
+def test_one_round_convention_in_file_console_and_checkpoint_names(finished):
+    d, p = finished
+    res = load(d / "out")
+    acc = res.metrics["test_accuracy"]
+    rows = dict(zip(res.metrics["round"].tolist(), acc.tolist()))
+    # the console's "round 2/4 ... test_acc A" is the file's row round == 2 (evaluated every 2 rounds)
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("round 2/4"))
+    assert f"test_acc {rows[2]:.4f}" in line and np.isnan(rows[1])
+    best = int(res.metrics["round"][np.nanargmax(acc)])
+    assert f"(round {best})" in p.stdout                    # the summary's best round, same numbering
+    # the checkpoint written after the last round is named by the rounds done: the file's last row
+    assert sorted(x.name for x in (d / "out" / "checkpoints").glob("ckpt-*.h5"))[-1] == "ckpt-00000004.h5"
+    assert res.metrics["round"][-1] == 4
 
 
 def test_progress_and_summary_are_printed(finished):

@@ -56,7 +56,7 @@ def test_watchdog_aborts_a_stuck_rank_and_names_it(tmp_path):
     p = hpcfl("run", tiny(tmp_path), "--out", str(tmp_path / "o"), "--set", "watchdog.timeout_s=2", ranks=2,
               timeout=120, env={"HPCFL_FAULT": "1:train:1:hang", "HPCFL_FAULT_STAMP": str(stamp)})
     assert p.returncode != 0
-    assert "rank 1 stuck in phase 'train' of round 1" in p.stderr
+    assert "rank 1 stuck in phase 'train' of round 2" in p.stderr   # HPCFL_FAULT counts from 0
     assert p.ended - float(stamp.read_text()) < 10
 
 
@@ -73,7 +73,7 @@ def test_nonfinite_updates_are_skipped_and_recorded_never_averaged(tmp_path):
 def test_nonfinite_update_stops_the_run_with_exit_3_and_names_client(tmp_path):
     p = hpcfl("run", tiny(tmp_path), "--out", str(tmp_path / "o"), "--set", "algorithm.lr=1e30", ranks=2)
     assert p.returncode == 3
-    assert "round 0" in p.stderr and "client" in p.stderr and "NaN or Inf" in p.stderr
+    assert "round 1" in p.stderr and "client" in p.stderr and "NaN or Inf" in p.stderr
     assert p.stderr.count("stopped by the guard") == 1
 
 

@@ -1,7 +1,12 @@
-"""results.h5 writer: SWMR reads while writing, resume trimming, disk-full message."""
+"""results.h5 writer: SWMR reads while writing, resume trimming, disk-full message, the
+round convention, segments, schema 1 files, units everywhere, the final model's dtype."""
 
 import errno
+import json
+import subprocess
+import sys
 
+import h5py
 import numpy as np
 import pytest
 
@@ -22,11 +27,11 @@ def row(r, clients=(1, 4)):
 
 def test_reader_sees_flushed_rounds_while_the_writer_is_open(tmp_path):
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
-    for r in range(3):
+    for r in range(1, 4):
         w.append_round(*row(r))
         seen = load(tmp_path)                       # SWMR read of an open file
-        assert seen.metrics["round"].tolist() == list(range(r + 1))
-        assert seen.clients["client"].tolist() == [1, 4] * (r + 1)
+        assert seen.metrics["round"].tolist() == list(range(1, r + 1))
+        assert seen.clients["client"].tolist() == [1, 4] * r
     assert status(tmp_path / "results.h5")[0] == "running"
     w.write_final(np.arange(4, dtype=np.float32), ["param:w"], [(2, 2)])
     w.close()
@@ -36,28 +41,109 @@ def test_reader_sees_flushed_rounds_while_the_writer_is_open(tmp_path):
 
 def test_resume_trims_rows_past_the_checkpoint(tmp_path):
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
-    for r in range(5):
+    for r in range(1, 6):
         w.append_round(*row(r))
     w.close()
     w = ResultsWriter(tmp_path / "results.h5", {**ATTRS, "world_size": 2}, None, resume_at=3)
     res = load(tmp_path)
-    assert res.metrics["round"].tolist() == [0, 1, 2] and res.clients["round"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert res.metrics["round"].tolist() == [1, 2, 3] and res.clients["round"].tolist() == [1, 1, 2, 2, 3, 3]
     assert res.attrs["world_size"] == 2 and res.attrs["resumed_at_round"] == 3
-    w.append_round(*row(3))
+    w.append_round(*row(4))
     w.close()
-    assert load(tmp_path).metrics["round"].tolist() == [0, 1, 2, 3]
+    assert load(tmp_path).metrics["round"].tolist() == [1, 2, 3, 4]
 
 
 def test_disk_full_names_the_file_and_the_space(tmp_path, monkeypatch):
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
-    w.append_round(*row(0))
+    w.append_round(*row(1))
 
     def full():
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(w.file, "flush", full)
     with pytest.raises(HpcflError) as info:
-        w.append_round(*row(1))
+        w.append_round(*row(2))
     msg = str(info.value)
     assert str(tmp_path / "results.h5") in msg and "No space left" in msg and "bytes are free" in msg
     assert "resume" in msg
+
+
+def test_segments_record_each_start_and_drop_undone_ones(tmp_path):
+    path = tmp_path / "results.h5"
+    w = ResultsWriter(path, {**ATTRS, "devices": ["cpu"]}, np.ones((2, 3), dtype=np.int64))
+    for r in range(1, 6):
+        w.append_round(*row(r))
+    w.close()
+    w = ResultsWriter(path, {**ATTRS, "world_size": 3, "devices": ["cpu"] * 3}, None, resume_at=4)
+    w.append_round(*row(5))
+    w.close()
+    # resumed again from the checkpoint after round 2: the segment that began at round 5 is undone
+    w = ResultsWriter(path, {**ATTRS, "world_size": 2, "devices": ["cuda:0", "cuda:1"]}, None, resume_at=2)
+    w.close()
+    seg = load(tmp_path).segments
+    assert [s["start_round"] for s in seg] == [1, 3] and [s["world_size"] for s in seg] == [1, 2]
+    assert json.loads(seg[1]["devices"]) == ["cuda:0", "cuda:1"] and seg[1]["started"].endswith("Z")
+
+
+def test_every_dataset_has_a_unit_and_a_description_and_the_schema_version(tmp_path):
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
+    w.append_round(*row(1))
+    w.write_final(np.arange(4, dtype=np.float64), ["param:w"], [(2, 2)], input_shape=(1, 2), num_classes=2)
+    w.close()
+    seen = []
+    with h5py.File(tmp_path / "results.h5", "r") as f:   # plain h5py: a closed file needs no SWMR
+        assert f.attrs["schema_version"] == 2
+        f.visititems(lambda name, obj: seen.append((name, dict(obj.attrs))) if isinstance(obj, h5py.Dataset) else None)
+    assert len(seen) > 20
+    assert [n for n, a in seen if not a.get("unit") or not a.get("description")] == []
+
+
+def test_final_params_keep_the_run_dtype(tmp_path):
+    for dtype in (np.float32, np.float64):
+        d = tmp_path / np.dtype(dtype).name
+        d.mkdir()
+        w = ResultsWriter(d / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
+        w.append_round(*row(1))
+        x = np.array([1 / 3, 2 / 3], dtype=dtype)
+        w.write_final(x, ["param:w"], [(2,)], input_shape=(2,), num_classes=2)
+        w.close()
+        r = load(d)
+        assert r.final_params.dtype == dtype and r.final_params.tobytes() == x.tobytes()
+        assert r.input_shape == (2,) and r.num_classes == 2
+
+
+def _schema1_file(path, rounds):
+    """A results file as hpcfl wrote it before schema 2: rounds from 0, no version, no segments."""
+    w = ResultsWriter(path, ATTRS, np.ones((2, 3), dtype=np.int64))
+    for r in range(rounds):
+        w.append_round(*row(r))
+    w.close()
+    with h5py.File(path, "r+") as f:
+        del f.attrs["schema_version"]
+        del f["segments"]
+
+
+def test_schema1_files_read_and_resume_with_rounds_from_1(tmp_path):
+    path = tmp_path / "results.h5"
+    _schema1_file(path, 4)                                   # rows 0, 1, 2, 3
+    assert load(tmp_path).metrics["round"].tolist() == [1, 2, 3, 4]
+    w = ResultsWriter(path, ATTRS, None, resume_at=3)       # keeps the rows of rounds 1..3
+    w.append_round(*row(4))
+    w.close()
+    r = load(tmp_path)
+    assert r.metrics["round"].tolist() == [1, 2, 3, 4] and r.clients["round"].tolist() == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert r.attrs["schema_version"] == 2 and [s["start_round"] for s in r.segments] == [1, 4]
+
+
+def test_a_live_file_needs_swmr_with_plain_h5py_and_the_reader_just_works(tmp_path):
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
+    w.append_round(*row(1))
+    with h5py.File(tmp_path / "results.h5", "r", swmr=True) as f:     # as docs/results.md says
+        assert f["metrics/round"][()].tolist() == [1]
+    plain = [sys.executable, "-c", f"import h5py; h5py.File({str(tmp_path / 'results.h5')!r}, 'r')"]
+    p = subprocess.run(plain, capture_output=True, text=True)         # another process, as a user's
+    assert p.returncode != 0 and "already open for write" in p.stderr
+    assert load(tmp_path).metrics["round"].tolist() == [1]
+    w.close()
+    with h5py.File(tmp_path / "results.h5", "r") as f:                # closed: plain open works
+        assert f["metrics/round"][()].tolist() == [1]
