@@ -1,4 +1,4 @@
-"""Command line: ``hpcfl run | info | partition``.
+"""Command line: ``hpcfl run | info | partition | report | plot``.
 
 Input errors (bad config, missing data files, more ranks than clients) are collected
 from all ranks, printed once by rank 0, and end every rank with exit code 2.
@@ -10,6 +10,7 @@ resume), anything else a failure.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import sys
@@ -41,7 +42,15 @@ def _parser() -> argparse.ArgumentParser:
     pt.add_argument("job")
     pt.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     pt.add_argument("--png", help="heatmap path (default <job stem>_partition.png)")
+    pt.add_argument("--log", action="store_true", help="log colour scale (for skewed client sizes)")
+    for module in EXTERNAL.values():   # each module declares its own arguments
+        importlib.import_module(module).add_parser(sub)
     return p
+
+
+# Commands that live in their own modules: each has add_parser(subparsers) and
+# main(args, comm) -> exit code, and imports nothing heavy at module level.
+EXTERNAL = {"report": "hpcfl.analysis.report", "plot": "hpcfl.analysis.plots"}
 
 
 def _agree(comm, err: Exception | None) -> None:
@@ -310,7 +319,7 @@ def cmd_partition(args, comm) -> int:
     png = Path(args.png or f"{Path(args.job).stem}_partition.png")
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
     try:
-        heatmap_png(counts, png, f"{cfg.data.dataset}: {cfg.data.partition}, {len(parts)} clients")
+        heatmap_png(counts, png, f"{cfg.data.dataset}: {cfg.data.partition}, {len(parts)} clients", log=args.log)
     except OSError as exc:
         print(f"--png {png} cannot be written ({exc.strerror or exc}); choose a path in a writable directory",
               file=sys.stderr)
@@ -327,6 +336,8 @@ def main(argv=None) -> int:
     from .comm import world
 
     comm = world()
+    if args.cmd in EXTERNAL:
+        return importlib.import_module(EXTERNAL[args.cmd]).main(args, comm)
     handler = {"run": cmd_run, "info": cmd_info, "partition": cmd_partition}[args.cmd]
     return handler(args, comm)
 

@@ -68,13 +68,16 @@ def summary(parts, labels, num_classes: int) -> str:
     return summary_from_counts(class_counts(labels, parts, num_classes), num_samples=len(labels))
 
 
-def heatmap_png(counts, path: str, title: str = "") -> str:
+def heatmap_png(counts, path: str, title: str = "", log: bool = False) -> str:
     """Write a clients x classes heatmap of ``counts`` to ``path`` (PNG, Agg; no display).
 
     With more than 200 clients, 200 evenly spaced rows are drawn and the title says so.
+    ``log=True`` uses a logarithmic colour scale over counts >= 1 and leaves zero cells
+    blank: with skewed sizes (a few huge clients) a linear scale shows everyone else as 0.
     Returns ``path``.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
 
     counts = np.asarray(counts)
@@ -86,7 +89,12 @@ def heatmap_png(counts, path: str, title: str = "") -> str:
     fig = Figure(figsize=(min(2 + 0.35 * c, 16), min(2 + 0.04 * len(rows) + 2, 12)), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    im = ax.imshow(counts[rows], aspect="auto", interpolation="nearest", cmap="viridis")
+    shown, norm, label = counts[rows], None, "samples"
+    if log:
+        shown = np.ma.masked_less(shown, 1)   # log(0) is undefined: zero cells stay blank
+        # vmax > vmin even when every count is 0 or 1, else LogNorm has no range to map
+        norm, label = LogNorm(vmin=1, vmax=max(float(counts.max(initial=0)), 2.0)), "samples (log scale)"
+    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis", norm=norm)
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     if len(rows) <= 30:
@@ -97,7 +105,7 @@ def heatmap_png(counts, path: str, title: str = "") -> str:
     if c <= 30:
         ax.set_xticks(range(c))
     ax.set_title(title)
-    fig.colorbar(im, ax=ax, label="samples")
+    fig.colorbar(im, ax=ax, label=label)
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path
