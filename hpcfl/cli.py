@@ -1,4 +1,4 @@
-"""Command line: ``hpcfl run | info | partition | report | plot``.
+"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config``.
 
 Input errors (bad config, missing data files, more ranks than clients) are collected
 from all ranks, printed once by rank 0, and end every rank with exit code 2.
@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
 
 # Commands that live in their own modules: each has add_parser(subparsers) and
 # main(args, comm) -> exit code, and imports nothing heavy at module level.
-EXTERNAL = {"report": "hpcfl.analysis.report", "plot": "hpcfl.analysis.plots"}
+EXTERNAL = {"report": "hpcfl.analysis.report", "plot": "hpcfl.analysis.plots", "sweep": "hpcfl.sweep",
+            "config": "hpcfl.config_cmd"}
 
 
 def _agree(comm, err: Exception | None) -> None:
@@ -277,6 +278,10 @@ def cmd_run(args, comm) -> int:
     signals.ignore()   # finished: a stop signal from here on changes nothing
     if comm.rank == 0:
         print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
+    from .io import rundir
+
+    control.close()   # another run may follow in this process (hpcfl sweep): end this one's
+    rundir.unlock()   # watchdog and release its --out
     return 0
 
 

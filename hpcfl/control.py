@@ -33,15 +33,25 @@ class Watchdog:
         self.comm, self.timeout = comm, timeout_s
         self.where = ("start-up", -1)
         self.since = time.monotonic()
+        # Several runs can share one process (hpcfl sweep): a finished run's thread must end,
+        # or it would keep counting and abort the next run.
+        self._stopped = threading.Event()
+        self._thread = None
         if timeout_s > 0:
-            threading.Thread(target=self._watch, name="hpcfl-watchdog", daemon=True).start()
+            self._thread = threading.Thread(target=self._watch, name="hpcfl-watchdog", daemon=True)
+            self._thread.start()
 
     def enter(self, phase: str, rnd: int) -> None:
         self.where, self.since = (phase, rnd), time.monotonic()
 
+    def stop(self) -> None:
+        """End the watching thread (at most one wake-up period later); idempotent."""
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
     def _watch(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.timeout / 4))
+        while not self._stopped.wait(min(1.0, self.timeout / 4)):
             held = time.monotonic() - self.since
             if held > self.timeout:
                 phase, rnd = self.where
@@ -51,7 +61,8 @@ class Watchdog:
                 # MPI_Abort tears mpiexec down at once; without a pause the launcher can exit
                 # before it forwards this line (seen in CI: an empty stderr). Every rank
                 # that times out in the pause prints too, so the user sees each rank's phase.
-                time.sleep(1.0)
+                if self._stopped.wait(1.0):   # the run ended in the pause: nothing left to abort
+                    return
                 self.comm.Abort(1)
 
 
@@ -147,3 +158,7 @@ class RunControl:
     def checkpointed(self) -> None:
         """A checkpoint was written: the wall-clock interval starts again."""
         self.last_checkpoint = time.monotonic()
+
+    def close(self) -> None:
+        """The run is over: stop its watchdog, so that a later run in this process is not aborted."""
+        self.watchdog.stop()

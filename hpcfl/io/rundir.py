@@ -27,7 +27,7 @@ from ..errors import HpcflError
 MARKER = ".hpcfl-run"
 LOCK = ".hpcfl-lock"
 ASIDE_PREFIX = "replaced-"
-_held: list = []   # open lock files: the lock lasts as long as the process (released on any exit)
+_held: list = []   # open lock files: held until unlock() or the process ends (released on any exit)
 
 
 def new_run_id() -> str:
@@ -99,6 +99,19 @@ def lock(out: Path) -> None:
     f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
     f.flush()
     _held.append(f)
+
+
+def unlock() -> None:
+    """Release and forget every lock this process holds (a finished run, before the next one
+    in the same process, e.g. the next point of ``hpcfl sweep``, locks its own ``--out``)."""
+    import fcntl
+
+    while _held:
+        f = _held.pop()
+        try:
+            fcntl.flock(f, fcntl.LOCK_UN)
+        finally:
+            f.close()
 
 
 def holding() -> bool:

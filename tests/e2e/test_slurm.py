@@ -21,7 +21,11 @@ GPU = ["single_node_gpu", "multi_node", "requeue"]     # allocate GPUs
 DEFAULT_DEVICE = {"single_node_gpu": "cuda", "multi_node": "cuda", "cpu_only": "cpu",
                   "requeue": "auto", "array_sweep": "auto"}
 # environment variables the templates read (the tests set them explicitly or not at all)
-TEMPLATE_ENV = ("HPCFL_CMD", "MAX_REQUEUES", "HPCFL_DEVICE", "HPCFL_CKPT_MINUTES", "HPCFL_SWEEP", "OMP_NUM_THREADS")
+TEMPLATE_ENV = ("HPCFL_CMD", "MAX_REQUEUES", "HPCFL_DEVICE", "HPCFL_CKPT_MINUTES", "HPCFL_SWEEP", "OMP_NUM_THREADS",
+                "JOB")
+# the hpcfl command and job file each template runs (after HPCFL_CMD)
+PROGRAM = {name: ["run", "jobs/quickstart.toml"] for name in TEMPLATES}
+PROGRAM["array_sweep"] = ["sweep", "jobs/sweep_quickstart.toml"]
 
 # srun: record argv one per line, drop srun's own --options (the templates write them as
 # --opt=value), then run the rest, as srun runs the program on each rank.
@@ -169,8 +173,8 @@ def test_directives(name):
     if name == "requeue":
         assert re.fullmatch(r"B:USR1@\d+", d["--signal"])
         assert "--requeue" in d and d["--open-mode"] == "append"
-    if name == "array_sweep":
-        assert d["--array"] == "0-9"
+    if name == "array_sweep":   # jobs/sweep_quickstart.toml: 2 algorithms x 3 seeds
+        assert d["--array"] == "0-5"
     if name == "multi_node":
         assert int(d["--nodes"]) > 1
         assert int(d["--nodes"]) * int(d["--ntasks-per-node"]) == int(d["--ntasks"])
@@ -183,7 +187,7 @@ def test_dry_run(stand, name):
     p = stand.run(name, STANDIN_EXIT=0)
     assert p.returncode == 0, p.output
     opts, prog = stand.srun_split()
-    assert prog[:3] == [str(stand.hpcfl), "run", "jobs/quickstart.toml"]
+    assert prog[:3] == [str(stand.hpcfl), *PROGRAM[name]]
     assert prog[1:] == stand.argv("hpcfl"), "srun ran the program with these arguments"
     assert out_of(prog).startswith("runs/")
     assert "--cpus-per-task=2" in opts
@@ -196,7 +200,7 @@ def test_default_command_is_mpi4py_hpcfl(stand, name):
     p = stand.run(name, HPCFL_CMD=None, STANDIN_SRUN_RUN=0)
     assert p.returncode == 0, p.output
     _, prog = stand.srun_split()
-    assert prog[:7] == ["python", "-m", "mpi4py", "-m", "hpcfl", "run", "jobs/quickstart.toml"]
+    assert prog[:7] == ["python", "-m", "mpi4py", "-m", "hpcfl", *PROGRAM[name]]
 
 
 def test_kill_on_bad_exit(stand):
@@ -271,12 +275,18 @@ def test_settings_are_valid_config(stand, name):
     p = stand.run(name, HPCFL_CKPT_MINUTES=7.5)  # not the default of 10, so the value must arrive
     assert p.returncode == 0, p.output
     prog = stand.srun_split()[1]
-    cfg = config.load(ROOT / prog[2], set_pairs(prog))
+    if name == "array_sweep":   # task 3 runs point 3 of the sweep job
+        from hpcfl import sweep
+
+        point = sweep.expand(ROOT / prog[2], set_pairs(prog)).points[int(prog[prog.index("--only") + 1])]
+        cfg = config.from_dict(point.table)
+    else:
+        cfg = config.load(ROOT / prog[2], set_pairs(prog))
     assert cfg.runtime.device == DEFAULT_DEVICE[name]
     assert cfg.runtime.threads == 2
     assert cfg.checkpoint.every_minutes == 7.5
-    if name == "array_sweep":
-        assert cfg.run.seed == 3
+    if name == "array_sweep":   # the 4th of (fedavg, fednova) x (seed 0, 1, 2)
+        assert (cfg.algorithm.name, cfg.run.seed) == ("fednova", 0)
 
 
 @pytest.mark.parametrize("name", PLAIN + ["array_sweep"])
@@ -366,12 +376,24 @@ def test_usr1_is_forwarded_and_the_job_requeued(stand, stop_delay):
 
 # ---- array -----------------------------------------------------------------------------------
 
-def test_array_maps_task_id_to_seed_and_out(stand):
+def test_array_task_runs_its_point(stand):
     p = stand.run("array_sweep", SLURM_ARRAY_TASK_ID=3)
     assert p.returncode == 0, p.output
     _, prog = stand.srun_split()
-    assert "run.seed=3" in set_pairs(prog)
-    assert out_of(prog) == "runs/sweep/12340/seed-3"
+    assert prog[1:7] == ["sweep", "jobs/sweep_quickstart.toml", "--only", "3", "--out", "runs/sweep/12340"]
+    assert "point 3 of jobs/sweep_quickstart.toml's [sweep] grid" in p.output
+
+
+def test_job_comes_from_the_environment(stand):
+    p = stand.run("array_sweep", JOB="jobs/lr.toml", SLURM_ARRAY_TASK_ID=0)
+    assert p.returncode == 0, p.output
+    assert stand.srun_split()[1][1:5] == ["sweep", "jobs/lr.toml", "--only", "0"]
+
+
+def test_header_says_where_the_array_range_comes_from():
+    text = (SLURM / "array_sweep.sbatch").read_text()
+    header = text[:text.index("#SBATCH")]
+    assert "hpcfl sweep JOB --list" in header and "--array=0-5" in header
 
 
 def test_sweeps_never_share_outputs(stand):
@@ -382,13 +404,11 @@ def test_sweeps_never_share_outputs(stand):
         assert p.returncode == 0, p.output
         return out_of(stand.srun_split()[1])
 
-    assert out(SLURM_ARRAY_JOB_ID=111) == "runs/sweep/111/seed-3"
-    assert out(SLURM_ARRAY_JOB_ID=222) == "runs/sweep/222/seed-3"
-    assert out(HPCFL_SWEEP="lr-a", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-a/seed-3"
-    assert out(HPCFL_SWEEP="lr-b", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-b/seed-3"
-    assert out(HPCFL_SWEEP="lr-a", SLURM_ARRAY_JOB_ID=333) == "runs/sweep/lr-a/seed-3"
-    tasks = {out(SLURM_ARRAY_TASK_ID=i) for i in range(10)}
-    assert len(tasks) == 10 and all(t.startswith("runs/sweep/12340/seed-") for t in tasks)
+    assert out(SLURM_ARRAY_JOB_ID=111) == "runs/sweep/111"
+    assert out(SLURM_ARRAY_JOB_ID=222) == "runs/sweep/222"
+    assert out(HPCFL_SWEEP="lr-a", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-a"
+    assert out(HPCFL_SWEEP="lr-b", SLURM_ARRAY_JOB_ID=111) == "runs/sweep/lr-b"
+    assert out(HPCFL_SWEEP="lr-a", SLURM_ARRAY_JOB_ID=333) == "runs/sweep/lr-a"
 
 
 def test_sweep_without_name_needs_array_job_id(stand):
@@ -397,34 +417,21 @@ def test_sweep_without_name_needs_array_job_id(stand):
     assert "SLURM_ARRAY_JOB_ID" in p.output
     p = stand.run("array_sweep", SLURM_ARRAY_JOB_ID=None, HPCFL_SWEEP="seeds")
     assert p.returncode == 0, p.output
-    assert out_of(stand.srun_split()[1]) == "runs/sweep/seeds/seed-3"
+    assert out_of(stand.srun_split()[1]) == "runs/sweep/seeds"
 
 
-def test_array_task_outside_values(stand):
-    p = stand.run("array_sweep", SLURM_ARRAY_TASK_ID=10)
-    assert p.returncode == 2
-    assert stand.argv("srun") is None
-    assert "--array=0-9" in p.output
+def test_array_task_outside_the_grid(stand):
+    """The real hpcfl (no training: the ID is checked first) exits 2 and names the range."""
+    p = stand.run("array_sweep", SLURM_ARRAY_TASK_ID=6, JOB=ROOT / "jobs" / "sweep_quickstart.toml",
+                  HPCFL_CMD=f"{sys.executable} -m hpcfl")
+    assert p.returncode == 2, p.output
+    assert "has 6 sweep point(s), 0 to 5" in p.output and "--array=0-5" in p.output
+    assert not (stand.dir / "runs").exists()
 
 
 def test_array_needs_a_task_id(stand):
     p = stand.run("array_sweep", SLURM_ARRAY_TASK_ID=None)
     assert p.returncode != 0 and stand.argv("srun") is None
-
-
-def test_array_sweeps_a_bash_array(stand):
-    """The documented edit: another KEY and a VALUES bash array."""
-    text = (SLURM / "array_sweep.sbatch").read_text()
-    text, n1 = re.subn(r"(?m)^KEY=\S+", "KEY=algorithm.lr", text)
-    text, n2 = re.subn(r"(?m)^VALUES=\([^)]*\)", "VALUES=(0.01 0.03 0.1 0.3)", text)
-    assert n1 == n2 == 1
-    copy = stand.dir / "lr_sweep.sbatch"
-    copy.write_text(text)
-    p = stand.run(copy, SLURM_ARRAY_TASK_ID=2)
-    assert p.returncode == 0, p.output
-    _, prog = stand.srun_split()
-    assert "algorithm.lr=0.1" in set_pairs(prog)
-    assert out_of(prog) == "runs/sweep/12340/lr-0.1"
 
 
 def test_shellcheck():
