@@ -15,145 +15,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
 from .options import build
-
 from .algorithms import registry
-
-LOCAL_SOLVERS = tuple(registry.LOCAL)
-STEPS_POLICIES = tuple(registry.STEPS)
-WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
-SERVER_RULES = tuple(registry.SERVER)
-SAMPLING = ("uniform", "with_replacement", "unbiased")
-PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (docs/algorithms/)
-POLICY_SLOTS = ("local", "steps", "weights", "server")
+# The sections live in hpcfl/sections.py; re-exported here, where callers have always found them.
+from .sections import (LOCAL_SOLVERS, POLICY_SLOTS, PRESETS, RUN_NAME, SAMPLING, SERVER_RULES,  # noqa: F401
+                       STEPS_POLICIES, WEIGHTS_POLICIES, AlgorithmSection, CheckpointSection, DataSection,
+                       GuardSection, ModelSection, ResultsSection, RunSection, RuntimeSection, WatchdogSection)
 
 
-RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-
-
-@dataclass(frozen=True)
-class RunSection:
-    name: str = "run"
-    seed: int = field(default=0, metadata={"ge": 0})
-    rounds: int = field(default=10, metadata={"gt": 0})
-    eval_every: int = field(default=1, metadata={"ge": 0})  # 0: evaluate after the last round only
-    eval_train: bool = False  # also evaluate the global model on the whole training set (F(x) = sum p_i F_i)
-
-    def validate(self) -> list[str]:
-        # runs/<name> must stay inside runs/ and be one plain folder name
-        if not RUN_NAME.fullmatch(self.name) or self.name in (".", ".."):
-            return [f"run.name = {self.name!r} must be a plain name of letters, digits, '.', '_' and '-' "
-                    f"(no '/', no '..', no spaces), e.g. run.name = \"dirichlet_a0.5_seed1\""]
-        return []
-
-
-@dataclass(frozen=True)
-class DataSection:
-    dataset: str = "digits"
-    root: str | None = None
-    partition: str = "iid"
-    num_clients: int = field(default=10, metadata={"gt": 0})
-
-
-@dataclass(frozen=True)
-class ModelSection:
-    name: str = "mlp"
-
-
-@dataclass(frozen=True)
-class AlgorithmSection:
-    name: str = field(default="fedavg", metadata={"choices": tuple(PRESETS)})
-    local: str | None = field(default=None, metadata={"choices": LOCAL_SOLVERS})
-    steps: str | None = field(default=None, metadata={"choices": STEPS_POLICIES})
-    weights: str | None = field(default=None, metadata={"choices": WEIGHTS_POLICIES})
-    server: str | None = field(default=None, metadata={"choices": SERVER_RULES})
-    clients_per_round: int = field(default=0, metadata={"ge": 0})  # 0: all clients
-    sampling: str = field(default="uniform", metadata={"choices": SAMPLING})
-    lr: float = field(default=0.05, metadata={"gt": 0})
-    momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
-    weight_decay: float = field(default=0.0, metadata={"ge": 0})
-    mu: float = field(default=0.0, metadata={"ge": 0})
-    batch_size: int = field(default=32, metadata={"gt": 0})
-    local_epochs: int = field(default=1, metadata={"gt": 0})
-    epoch_rounding: str = field(default="ceil", metadata={"choices": ("ceil", "floor")})  # E*ceil(n/B) | floor(E*n/B)
-    local_steps: int = field(default=0, metadata={"ge": 0})
-    server_lr: float = field(default=1.0, metadata={"gt": 0})
-    server_momentum: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
-    lr_schedule: str = field(default="constant", metadata={"choices": ("constant", "step")})
-    lr_milestones: tuple[float, ...] = field(default=(0.5, 0.75), metadata={"gt": 0, "lt": 1})  # of run.rounds
-    lr_milestone_rounds: tuple[int, ...] | None = field(default=None, metadata={"ge": 1})  # instead, in rounds
-    lr_gamma: float = field(default=0.1, metadata={"gt": 0, "le": 1})
-    local_lr_decay: float = field(default=1.0, metadata={"gt": 0, "le": 1})
-
-    def validate(self) -> list[str]:
-        p = []
-        if self.lr_milestone_rounds is not None:
-            if self.lr_schedule != "step":
-                p.append("algorithm.lr_milestone_rounds is used only with algorithm.lr_schedule = 'step'")
-            if list(self.lr_milestone_rounds) != sorted(set(self.lr_milestone_rounds)):
-                p.append(f"algorithm.lr_milestone_rounds = {list(self.lr_milestone_rounds)} must be increasing")
-        if self.local == "vr" and (self.clients_per_round != 0 or self.sampling != "uniform"):
-            p.append("algorithm.local = 'vr' (FedNova variance reduction) needs full participation: "
-                     "set algorithm.clients_per_round = 0")
-        if self.sampling != "uniform" and self.clients_per_round == 0:
-            p.append(f"algorithm.sampling = {self.sampling!r} needs partial participation; set "
-                     f"algorithm.clients_per_round")
-        if self.local == "prox" and self.mu == 0:
-            p.append("algorithm.local = 'prox' needs algorithm.mu > 0 (FedProx's proximal weight)")
-        if self.local != "prox" and self.mu > 0:
-            p.append(f"algorithm.mu = {self.mu} is only used by local = 'prox'; set algorithm.local = 'prox' or mu = 0")
-        if self.steps == "fixed" and self.local_steps == 0:
-            p.append("algorithm.steps = 'fixed' needs algorithm.local_steps > 0")
-        if self.steps == "epochs" and self.local_steps > 0:
-            p.append("algorithm.local_steps is set but algorithm.steps = 'epochs'; drop one of them")
-        from .algorithms.sampling import STATIC_WEIGHTS
-        if self.sampling != "uniform" and self.weights not in STATIC_WEIGHTS:
-            p.append(f"algorithm.sampling = {self.sampling!r} weights each draw by the sampling itself and is "
-                     f"defined for weights = 'size' or 'uniform' only, not {self.weights!r} (weights computed "
-                     f"over each round's sampled set); use algorithm.sampling = 'uniform'")
-        return p
-
-
-@dataclass(frozen=True)
-class RuntimeSection:
-    reduce: str = field(default="exact", metadata={"choices": ("exact", "float")})
-    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
-    threads: int = field(default=0, metadata={"ge": 0})  # 0: cores on the node / ranks on the node
-    dtype: str = field(default="float32", metadata={"choices": ("float32", "float64")})
-    placement: str = field(default="block", metadata={"choices": ("block", "round_robin")})
-    eval_batch_size: int = field(default=1000, metadata={"gt": 0})
-    progress: str = field(default="auto", metadata={"choices": ("auto", "bar", "line", "none")})
-
-
-@dataclass(frozen=True)
-class CheckpointSection:
-    every: int = field(default=0, metadata={"ge": 0})   # rounds between checkpoints; 0: off
-    every_minutes: float = field(default=10.0, metadata={"ge": 0})  # wall-clock minutes between them; 0: off
-    keep: int = field(default=3, metadata={"ge": 2})
-    dir: str | None = None                                # default <out>/checkpoints
-
-
-@dataclass(frozen=True)
-class GuardSection:
-    policy: str = field(default="stop", metadata={"choices": ("stop", "skip")})
-    max_norm: float = field(default=0.0, metadata={"ge": 0})   # L2 bound on a client's update; 0: no bound
-
-
-@dataclass(frozen=True)
-class WatchdogSection:
-    timeout_s: float = field(default=0.0, metadata={"ge": 0})  # one phase of one round; 0: off
-
-
-@dataclass(frozen=True)
-class ResultsSection:
-    locking: bool = True   # false on filesystems without file locking (sets HDF5_USE_FILE_LOCKING=FALSE)
-
+SWEEP_REFUSED = "this job declares a [sweep]; run it with `hpcfl sweep JOB` (or remove the [sweep] table)"
 
 # Keys that may differ between a checkpoint's job and the resuming job (with --allow-change).
 SAFE_TO_CHANGE = ("run.rounds", "run.eval_every", "runtime.progress", "runtime.threads", "runtime.device",
@@ -279,7 +154,9 @@ def from_dict(table: dict) -> Config:
     problems: list[str] = []
     known = {"run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog", "results"}
     for k, v in table.items():
-        if k not in known:
+        if k == "sweep":   # a grid of jobs, not one job: hpcfl sweep expands it and runs every point
+            problems.append(SWEEP_REFUSED)
+        elif k not in known:
             problems.append(f"unknown section [{k}]; valid sections: {', '.join(sorted(known))}")
         elif not isinstance(v, dict):
             problems.append(f"{k} must be a table ([{k}]), found {v!r}")
@@ -400,7 +277,7 @@ def resume_changes(old: dict, new: "Config") -> tuple[list[str], str | None]:
         return [k for k in changed if k not in SCHEDULE_KEYS], None
     if alg["lr_schedule"] != new.algorithm.lr_schedule or alg["lr_gamma"] != new.algorithm.lr_gamma:
         return changed, None   # a different schedule altogether: reported as a changed key
-    problem = (f"the lr milestones would move from rounds {list(before)} to {list(now)} (counted from 0; "
+    problem = (f"the lr milestones would move from rounds {list(before)} to {list(now)} (the lr drops after that many rounds; "
                f"run.rounds {rounds} -> {new.run.rounds})")
     if before:
         problem += (f". To keep the schedule of the original run, add --set algorithm.lr_milestone_rounds="

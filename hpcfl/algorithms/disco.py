@@ -53,12 +53,18 @@ METRICS = tuple(_METRIC_FNS)
 class DiscoOptions:
     """``[algorithm.disco]``: metric e, target T, and the coefficients a, b of eq. 3."""
 
-    metric: str = field(default="kl", metadata={"choices": METRICS})
-    target: str = field(default="uniform", metadata={"choices": TARGETS})
-    target_vector: tuple[float, ...] = ()   # one value per class; only for target = "explicit"
-    a: float = field(default=0.5, metadata={"ge": 0})       # discrepancy penalty
-    b: float = field(default=0.1, metadata={"ge": 0})       # offset pulling p towards uniform
-    normalize: bool = True                                  # d~ = d / sum over the round's participants
+    metric: str = field(default="kl", metadata={
+        "choices": METRICS, "help": "discrepancy d_k between a client's label distribution and the target"})
+    target: str = field(default="uniform", metadata={
+        "choices": TARGETS, "help": "target distribution T: uniform, global (all clients' data), unweighted_mean (of "
+                                    "the clients' distributions), explicit (target_vector)"})
+    target_vector: tuple[float, ...] = field(default=(), metadata={
+        "help": "one value per class, rescaled to sum to 1; only with target = 'explicit'"})
+    a: float = field(default=0.5, metadata={"ge": 0, "help": "discrepancy penalty a in q_k = max(n_k - a d_k + b, 0)"})
+    b: float = field(default=0.1, metadata={
+        "ge": 0, "help": "offset b in q_k = max(n_k - a d_k + b, 0), pulling the weights towards uniform"})
+    normalize: bool = field(default=True, metadata={
+        "help": "divide d by its sum over the round's participants (the authors' code); false: raw d"})
 
     def validate(self) -> list[str]:
         vec = self.target_vector

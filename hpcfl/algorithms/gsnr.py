@@ -46,15 +46,26 @@ from .protocol import Field, Policy
 class GsnrOptions:
     """``[algorithm.gsnr]``: see the module docstring."""
 
-    stat_batch: int = field(default=64, metadata={"gt": 0})        # B per-sample gradients per client
-    step_mode: str = field(default="budget", metadata={"choices": ("budget", "scale", "observe")})
-    m: float = field(default=1.0, metadata={"gt": 0})               # "scale": E_k = round(m n_opt,k)
-    min_steps: int = field(default=1, metadata={"ge": 0})           # E_min for clients with n_opt > 0
-    max_steps: int = field(default=0, metadata={"ge": 0})           # E_max; 0: no cap beyond the budget
-    exclude_zero: bool = True                                        # n_opt = 0: sit out the round
-    grad_source: str = field(default="effective", metadata={"choices": ("effective", "raw")})
-    r_max: float = field(default=1.0e6, metadata={"gt": 0})         # GSNR cap for logging
-    chunk: int = field(default=0, metadata={"ge": 0})               # samples per vmap call; 0: auto
+    stat_batch: int = field(default=64, metadata={
+        "gt": 0, "help": "samples B per client for the per-sample gradient statistics"})
+    step_mode: str = field(default="budget", metadata={
+        "choices": ("budget", "scale", "observe"),
+        "help": "budget: E_k = N E_const n_opt,k / sum n_opt; scale: E_k = round(m n_opt,k); observe: measure only, "
+                "every client runs E_const"})
+    m: float = field(default=1.0, metadata={
+        "gt": 0, "help": "multiplier for step_mode = 'scale': E_k = round(m n_opt,k)"})
+    min_steps: int = field(default=1, metadata={"ge": 0, "help": "E_min: fewest steps of a client with n_opt > 0"})
+    max_steps: int = field(default=0, metadata={
+        "ge": 0, "help": "E_max: most steps of one client; 0: no cap beyond the budget"})
+    exclude_zero: bool = field(default=True, metadata={
+        "help": "a client with n_opt = 0 sits out the round; false: it runs min_steps"})
+    grad_source: str = field(default="effective", metadata={
+        "choices": ("effective", "raw"),
+        "help": "effective: statistics of the corrected direction g + c - c_i (SCAFFOLD); raw: of g"})
+    r_max: float = field(default=1.0e6, metadata={
+        "gt": 0, "help": "cap on a client's GSNR r_k (reached when its statistics align with the global ones)"})
+    chunk: int = field(default=0, metadata={
+        "ge": 0, "help": "samples per vectorised per-sample-gradient call; 0: auto (about 4M gradient values)"})
 
     def validate(self) -> list[str]:
         if self.max_steps and self.min_steps > self.max_steps:

@@ -75,8 +75,8 @@ class FixedSteps(_Steps):
 class RandomEpochsOptions:
     """E_i(t) uniform on the integers low..high (inclusive), fresh per client and round."""
 
-    low: int = field(default=2, metadata={"ge": 1})
-    high: int = field(default=5, metadata={"ge": 1})
+    low: int = field(default=2, metadata={"ge": 1, "help": "fewest local epochs E_i(t), inclusive"})
+    high: int = field(default=5, metadata={"ge": 1, "help": "most local epochs E_i(t), inclusive"})
 
     def validate(self):
         return [] if self.low <= self.high else [f"low = {self.low} exceeds high = {self.high}"]
@@ -111,13 +111,17 @@ class ClientStepsOptions:
     client (fixed heterogeneous tau); true draws afresh every round.
     """
 
-    steps: tuple[int, ...] = ()
-    dist: str = field(default="uniform", metadata={"choices": ("uniform", "normal")})
-    low: int = field(default=1, metadata={"ge": 1})
-    high: int = field(default=10, metadata={"ge": 1})
-    mean: float = 30.0
-    std: float = field(default=20.0, metadata={"ge": 0})
-    per_round: bool = False
+    steps: tuple[int, ...] = field(default=(), metadata={
+        "help": "explicit step counts: client i runs steps[i mod len]; []: draw them from dist"})
+    dist: str = field(default="uniform", metadata={
+        "choices": ("uniform", "normal"),
+        "help": "when steps is empty: uniform on low..high, or normal = round(N(mean, std)) clipped to [low, high]"})
+    low: int = field(default=1, metadata={"ge": 1, "help": "smallest step count drawn"})
+    high: int = field(default=10, metadata={"ge": 1, "help": "largest step count drawn"})
+    mean: float = field(default=30.0, metadata={"help": "mean of dist = 'normal', in steps"})
+    std: float = field(default=20.0, metadata={"ge": 0, "help": "std of dist = 'normal', in steps"})
+    per_round: bool = field(default=False, metadata={
+        "help": "draw afresh every round; false: once per client (fixed heterogeneous steps)"})
 
     def validate(self):
         p = []

@@ -63,10 +63,15 @@ class NoOptions:
 
 @dataclass(frozen=True)
 class SyntheticOptions:
-    alpha: float = field(default=1.0, metadata={"ge": 0})
-    beta: float = field(default=1.0, metadata={"ge": 0})
-    num_clients: int = field(default=30, metadata={"gt": 0, "le": 100000})
-    iid: bool = False
+    alpha: float = field(default=1.0, metadata={
+        "ge": 0, "help": "std of the clients' model means: how much the local models differ"})
+    beta: float = field(default=1.0, metadata={
+        "ge": 0, "help": "std of the clients' input-mean priors: how much the local inputs differ"})
+    num_clients: int = field(default=30, metadata={
+        "gt": 0, "le": 100000, "help": "natural clients generated (with partition = 'natural', set data.num_clients "
+                                       "to it)"})
+    iid: bool = field(default=False, metadata={
+        "help": "one model and the same input means for every client (FedProx's synthetic_iid)"})
 
 
 _SYN_DIM = 60
@@ -137,14 +142,17 @@ def load_synthetic(opts: SyntheticOptions, root: str | None, seed: int) -> Datas
 
 @dataclass(frozen=True)
 class GaussianMixtureOptions:
-    num_train: int = field(default=20000, metadata={"gt": 0})
-    num_test: int = field(default=5000, metadata={"gt": 0})
-    num_classes: int = field(default=10, metadata={"ge": 2})
-    dim: int = field(default=20, metadata={"gt": 0})
-    modes: int = field(default=6, metadata={"gt": 0})
-    sep: float = field(default=0.8, metadata={"ge": 0})
-    noise: float = field(default=1.0, metadata={"ge": 0})
-    seed_offset: int = 0
+    num_train: int = field(default=20000, metadata={"gt": 0, "help": "training samples"})
+    num_test: int = field(default=5000, metadata={"gt": 0, "help": "test samples"})
+    num_classes: int = field(default=10, metadata={"ge": 2, "help": "number of classes"})
+    dim: int = field(default=20, metadata={"gt": 0, "help": "input dimension"})
+    modes: int = field(default=6, metadata={"gt": 0, "help": "Gaussian modes per class"})
+    sep: float = field(default=0.8, metadata={
+        "ge": 0, "help": "std of the mode centres, N(0, sep^2 I): larger separates the classes more"})
+    noise: float = field(default=1.0, metadata={
+        "ge": 0, "help": "std of the Gaussian noise around a sample's mode centre"})
+    seed_offset: int = field(default=0, metadata={
+        "help": "drawn from default_rng(run.seed + seed_offset): another offset, another data set"})
 
 
 def load_gaussian_mixture(opts: GaussianMixtureOptions, root: str | None, seed: int) -> Dataset:
@@ -179,9 +187,12 @@ def load_gaussian_mixture(opts: GaussianMixtureOptions, root: str | None, seed: 
 
 @dataclass(frozen=True)
 class DigitsOptions:
-    test_fraction: float = field(default=0.25, metadata={"gt": 0, "lt": 1})
-    test_per_class: int | None = field(default=None, metadata={"gt": 0})
-    normalize: bool = True
+    test_fraction: float = field(default=0.25, metadata={
+        "gt": 0, "lt": 1, "help": "fraction of every class held out as the (seeded, stratified) test set"})
+    test_per_class: int | None = field(default=None, metadata={
+        "gt": 0, "help": "hold out exactly this many images of every class instead; unset: use test_fraction"})
+    normalize: bool = field(default=True, metadata={
+        "help": "standardise with the training split's mean and std; false: pixels in [0, 1]"})
 
 
 def load_digits_dataset(opts: DigitsOptions, root: str | None, seed: int) -> Dataset:
@@ -232,13 +243,17 @@ def load_digits_dataset(opts: DigitsOptions, root: str | None, seed: int) -> Dat
 
 @dataclass(frozen=True)
 class SyntheticImagesOptions:
-    num_train: int = field(default=50000, metadata={"gt": 0})
-    num_test: int = field(default=10000, metadata={"gt": 0})
-    num_classes: int = field(default=10, metadata={"ge": 2})
-    image_shape: tuple[int, ...] = field(default=(3, 32, 32), metadata={"gt": 0})
-    mean_scale: float = field(default=1.5, metadata={"ge": 0})
-    seed_offset: int = 0
-    augment: bool = False
+    num_train: int = field(default=50000, metadata={"gt": 0, "help": "training images"})
+    num_test: int = field(default=10000, metadata={"gt": 0, "help": "test images"})
+    num_classes: int = field(default=10, metadata={"ge": 2, "help": "number of classes"})
+    image_shape: tuple[int, ...] = field(default=(3, 32, 32), metadata={
+        "gt": 0, "help": "shape of one image, (C, H, W)"})
+    mean_scale: float = field(default=1.5, metadata={
+        "ge": 0, "help": "scale of the class mean images against unit-std noise: larger is easier"})
+    seed_offset: int = field(default=0, metadata={
+        "help": "drawn from default_rng(run.seed + seed_offset); 0 with seed 0 is workload W exactly"})
+    augment: bool = field(default=False, metadata={
+        "help": "random crop (4-pixel padding) and horizontal flip of every training batch"})
 
 
 _CHUNK = 4096  # rows of noise drawn at a time; the stream is identical to one big draw

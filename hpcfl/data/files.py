@@ -119,9 +119,13 @@ class ImageNormOptions:
     ``none`` (pixels in [0, 1]); ``mean``/``std`` override per channel."""
 
     CHANNELS: ClassVar[int] = 1
-    normalize: str = field(default="standard", metadata={"choices": ("standard", "half", "none")})
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = field(default=None, metadata={"gt": 0})
+    normalize: str = field(default="standard", metadata={
+        "choices": ("standard", "half", "none"),
+        "help": "standard: the dataset's usual per-channel mean/std; half: mean = std = 0.5; none: pixels in [0, 1]"})
+    mean: tuple[float, ...] | None = field(default=None, metadata={
+        "help": "per-channel mean, overrides normalize (set std too); unset: from normalize"})
+    std: tuple[float, ...] | None = field(default=None, metadata={
+        "gt": 0, "help": "per-channel std, overrides normalize (set mean too); unset: from normalize"})
 
     def validate(self) -> list[str]:
         out = []
@@ -145,12 +149,15 @@ class ImageNormOptions:
 @dataclass(frozen=True)
 class Cifar10Options(ImageNormOptions):
     CHANNELS: ClassVar[int] = 3
-    augment: bool = True
+    augment: bool = field(default=True, metadata={
+        "help": "random crop (4-pixel padding) and horizontal flip of every training batch (FedNova, FedDisco)"})
 
 
 @dataclass(frozen=True)
 class Cifar100Options(Cifar10Options):
-    labels: str = field(default="fine", metadata={"choices": ("fine", "coarse")})
+    labels: str = field(default="fine", metadata={
+        "choices": ("fine", "coarse"),
+        "help": "label set: fine (100 classes) or coarse (20 superclasses)"})
 
 
 def load_cifar10(opts: Cifar10Options, root: str | None, seed: int) -> Dataset:
@@ -266,8 +273,12 @@ _EMNIST_CLASSES = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, 
 
 @dataclass(frozen=True)
 class EmnistOptions(ImageNormOptions):
-    split: str = field(default="balanced", metadata={"choices": tuple(_EMNIST_CLASSES)})
-    transpose: bool = True
+    split: str = field(default="balanced", metadata={
+        "choices": tuple(_EMNIST_CLASSES),
+        "help": "which EMNIST files (emnist-<split>-*): byclass 62, bymerge and balanced 47, letters 26, digits and "
+                "mnist 10 classes"})
+    transpose: bool = field(default=True, metadata={
+        "help": "transpose the images to MNIST's orientation (EMNIST stores them transposed)"})
 
 
 def _idx_loader(name: str, subdirs: tuple[str, ...]):
@@ -305,10 +316,14 @@ def load_emnist(opts: EmnistOptions, root: str | None, seed: int) -> Dataset:
 
 @dataclass(frozen=True)
 class NpzOptions:
-    file: str = "data.npz"
-    test_fraction: float = field(default=0.2, metadata={"gt": 0, "lt": 1})
-    num_classes: int | None = field(default=None, metadata={"ge": 2})
-    augment: bool = False
+    file: str = field(default="data.npz", metadata={
+        "help": "the .npz archive with x, y (optionally x_test, y_test); absolute or relative to data.root"})
+    test_fraction: float = field(default=0.2, metadata={
+        "gt": 0, "lt": 1, "help": "fraction of the samples held out (seeded) as the test set when there is no x_test"})
+    num_classes: int | None = field(default=None, metadata={
+        "ge": 2, "help": "number of classes; unset: the largest label + 1"})
+    augment: bool = field(default=False, metadata={
+        "help": "random crop (4-pixel padding) and horizontal flip of every training batch (C, H, W images)"})
 
 
 def load_npz(opts: NpzOptions, root: str | None, seed: int) -> Dataset:

@@ -69,7 +69,9 @@ def _generator(seed: int, legacy: bool):
 
 @dataclass(frozen=True)
 class IidOptions:
-    drop_remainder: bool = False
+    drop_remainder: bool = field(default=False, metadata={
+        "help": "every client gets exactly floor(N/K) samples (FedGSNR); false: the first N mod K clients get one "
+                "more"})
 
 
 def iid(labels, num_clients, opts: IidOptions, seed, dataset=None):
@@ -94,11 +96,16 @@ def iid(labels, num_clients, opts: IidOptions, seed, dataset=None):
 
 @dataclass(frozen=True)
 class DirichletOptions:
-    alpha: float = field(default=0.5, metadata={"gt": 0})
-    min_samples: int = field(default=10, metadata={"ge": 0})
-    max_tries: int = field(default=1000, metadata={"gt": 0})
-    legacy_rng: bool = False
-    fixed_seed: int | None = None
+    alpha: float = field(default=0.5, metadata={
+        "gt": 0, "help": "Dirichlet concentration of each class's split over clients; smaller is more skewed"})
+    min_samples: int = field(default=10, metadata={
+        "ge": 0, "help": "redraw the whole partition until every client has at least this many samples"})
+    max_tries: int = field(default=1000, metadata={"gt": 0, "help": "most redraws before giving up with an error"})
+    legacy_rng: bool = field(default=False, metadata={
+        "help": "draw with numpy's legacy RandomState (to replay FedNova's split) instead of default_rng"})
+    fixed_seed: int | None = field(default=None, metadata={
+        "help": "partition seed used instead of run.seed, one split for every run seed (2020 with legacy_rng replays "
+                "FedNova); unset: run.seed"})
 
 
 def _labeldir(labels, k, alpha, min_samples, max_tries, seed, legacy, num_classes, where, keep=None):
@@ -162,12 +169,17 @@ def dirichlet(labels, num_clients, opts: DirichletOptions, seed, dataset=None):
 
 @dataclass(frozen=True)
 class LongtailOptions:
-    rho: float = field(default=10.0, metadata={"ge": 1})
-    n_max: int | None = field(default=None, metadata={"gt": 0})
-    alpha: float = field(default=0.5, metadata={"gt": 0})
-    min_samples: int = field(default=10, metadata={"ge": 0})
-    max_tries: int = field(default=1000, metadata={"gt": 0})
-    legacy_rng: bool = False
+    rho: float = field(default=10.0, metadata={
+        "ge": 1, "help": "imbalance ratio: class k keeps int(n_max * rho**(-k/(C-1))) samples; 1: balanced"})
+    n_max: int | None = field(default=None, metadata={
+        "gt": 0, "help": "samples kept of class 0; unset: the smallest class size"})
+    alpha: float = field(default=0.5, metadata={
+        "gt": 0, "help": "Dirichlet concentration of each class's split over clients; smaller is more skewed"})
+    min_samples: int = field(default=10, metadata={
+        "ge": 0, "help": "redraw the whole partition until every client has at least this many samples"})
+    max_tries: int = field(default=1000, metadata={"gt": 0, "help": "most redraws before giving up with an error"})
+    legacy_rng: bool = field(default=False, metadata={
+        "help": "draw with numpy's legacy RandomState (to replay FedNova's split) instead of default_rng"})
 
 
 def longtail_counts(rho: float, n_max: int, num_classes: int) -> list[int]:
@@ -213,7 +225,9 @@ def longtail_test_indices(y_test: np.ndarray, rho: float, num_classes: int) -> n
 
 @dataclass(frozen=True)
 class DirichletClientOptions:
-    alpha: float = field(default=0.5, metadata={"gt": 0})
+    alpha: float = field(default=0.5, metadata={
+        "gt": 0, "help": "Dirichlet concentration of every client's label mix q_i ~ Dir(alpha 1_C); smaller is more "
+                         "skewed"})
 
 
 def dirichlet_client(labels, num_clients, opts: DirichletClientOptions, seed, dataset=None):
@@ -261,9 +275,11 @@ def dirichlet_client(labels, num_clients, opts: DirichletClientOptions, seed, da
 
 @dataclass(frozen=True)
 class QuantitySkewOptions:
-    alpha: float = field(default=0.5, metadata={"gt": 0})
-    min_samples: int = field(default=10, metadata={"ge": 0})
-    max_tries: int = field(default=1000, metadata={"gt": 0})
+    alpha: float = field(default=0.5, metadata={
+        "gt": 0, "help": "Dirichlet concentration of the client sizes p ~ Dir_K(alpha); smaller is more unequal"})
+    min_samples: int = field(default=10, metadata={
+        "ge": 0, "help": "redraw the sizes until every client has at least this many samples"})
+    max_tries: int = field(default=1000, metadata={"gt": 0, "help": "most draws before giving up with an error"})
 
 
 def quantity_skew(labels, num_clients, opts: QuantitySkewOptions, seed, dataset=None):

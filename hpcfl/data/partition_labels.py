@@ -59,8 +59,11 @@ _EMPTY_FIX = "a class has fewer samples than clients holding it; use fewer clien
 
 @dataclass(frozen=True)
 class LabelKOptions:
-    classes_per_client: int = field(default=2, metadata={"gt": 0})
-    assignment: str = field(default="cyclic", metadata={"choices": ("cyclic", "random")})
+    classes_per_client: int = field(default=2, metadata={"gt": 0, "help": "distinct classes P held by every client"})
+    assignment: str = field(default="cyclic", metadata={
+        "choices": ("cyclic", "random"),
+        "help": "cyclic: client k holds classes pi[(kP + j) mod C] (FedGSNR Label 2); random: shuffled class slots "
+                "(FedLGA)"})
 
 
 def _random_slots(k, p, c, rng, tries=100):
@@ -114,7 +117,7 @@ def label_k(labels, num_clients, opts: LabelKOptions, seed, dataset=None):
 
 @dataclass(frozen=True)
 class ShardsOptions:
-    shards_per_client: int = field(default=2, metadata={"gt": 0})
+    shards_per_client: int = field(default=2, metadata={"gt": 0, "help": "label-sorted shards P dealt to every client"})
 
 
 def shards(labels, num_clients, opts: ShardsOptions, seed, dataset=None):
@@ -142,9 +145,11 @@ def shards(labels, num_clients, opts: ShardsOptions, seed, dataset=None):
 
 @dataclass(frozen=True)
 class BiasedUnbiasedOptions:
-    num_unbiased: int = field(default=1, metadata={"ge": 0})
-    classes_per_client: int | None = field(default=None, metadata={"gt": 0})
-    shard: int | None = field(default=None, metadata={"gt": 0})   # default int(N / C / K)
+    num_unbiased: int = field(default=1, metadata={
+        "ge": 0, "help": "clients holding every class; the others are biased"})
+    classes_per_client: int | None = field(default=None, metadata={
+        "gt": 0, "help": "classes of every biased client, dividing the class count; unset: max(1, C // 5)"})
+    shard: int | None = field(default=None, metadata={"gt": 0, "help": "samples per shard; unset: int(N / C / K)"})
 
 
 def biased_unbiased(labels, num_clients, opts: BiasedUnbiasedOptions, seed, dataset=None):
@@ -198,9 +203,12 @@ def biased_unbiased(labels, num_clients, opts: BiasedUnbiasedOptions, seed, data
 
 @dataclass(frozen=True)
 class NonBalanceOptions:
-    client_fractions: tuple[float, ...] = field(default=(0.1, 0.4, 0.5), metadata={"ge": 0, "le": 1})
-    class_fractions: tuple[float, ...] = field(default=(1.0, 0.5, 0.2), metadata={"gt": 0, "le": 1})
-    abundant_first: bool = True
+    client_fractions: tuple[float, ...] = field(default=(0.1, 0.4, 0.5), metadata={
+        "ge": 0, "le": 1, "help": "fractions of the clients that are abundant, medium, less (3 values summing to 1)"})
+    class_fractions: tuple[float, ...] = field(default=(1.0, 0.5, 0.2), metadata={
+        "gt": 0, "le": 1, "help": "fraction of the classes an abundant, medium, less client holds (3 values)"})
+    abundant_first: bool = field(default=True, metadata={
+        "help": "clients ordered abundant, medium, less (client 0 abundant); false: in random order"})
 
     def validate(self) -> list[str]:
         out = []
@@ -239,8 +247,11 @@ def nonbalance(labels, num_clients, opts: NonBalanceOptions, seed, dataset=None)
 
 @dataclass(frozen=True)
 class ParetoOptions:
-    shape: float = field(default=math.log(5) / math.log(4), metadata={"gt": 0})
-    rounding: str = field(default="round", metadata={"choices": ("round", "ceil")})
+    shape: float = field(default=math.log(5) / math.log(4), metadata={
+        "gt": 0, "help": "shape of x_i = 1 + Pareto(shape); the default log 5 / log 4 gives the 80/20 rule"})
+    rounding: str = field(default="round", metadata={
+        "choices": ("round", "ceil"),
+        "help": "classes of client i from x_i / max x * C: round (half to even) or ceil"})
 
 
 def pareto_class_counts(k, c, shape, rounding, rng) -> list[int]:

@@ -22,11 +22,13 @@ from .datasets import Dataset
 
 @dataclass(frozen=True)
 class QuadraticOptions:
-    num_clients: int = field(default=30, metadata={"gt": 0})
-    dim: int = field(default=100, metadata={"gt": 0})
-    std: float = field(default=0.1, metadata={"ge": 0})
-    centers: tuple[float, ...] = ()
-    seed: int | None = field(default=None, metadata={"ge": 0})
+    num_clients: int = field(default=30, metadata={
+        "gt": 0, "help": "clients drawn, each with F_i(x) = 1/2 ||x - e_i||^2 (unused when centers is given)"})
+    dim: int = field(default=100, metadata={"gt": 0, "help": "dimension of x and of every centre e_i"})
+    std: float = field(default=0.1, metadata={"ge": 0, "help": "centres e_i ~ N(0, std^2 I) when centers is empty"})
+    centers: tuple[float, ...] = field(default=(), metadata={
+        "help": "explicit centres e_i, one after another (a multiple of dim values); []: draw them"})
+    seed: int | None = field(default=None, metadata={"ge": 0, "help": "seed of the centre draw; unset: run.seed"})
 
     def validate(self):
         if self.centers and len(self.centers) % self.dim:

@@ -47,10 +47,17 @@ class ResNet18Options:
         grow by about sqrt(2) per block at init (nothing rescales the residual sums).
     """
 
-    norm: str = field(default="group", metadata={"choices": NORMS})
-    groups: int = field(default=2, metadata={"gt": 0})
-    stem: str = field(default="cifar", metadata={"choices": tuple(MIN_SIDE)})
-    zero_init_residual: bool = False
+    norm: str = field(default="group", metadata={
+        "choices": NORMS, "help": "group (FedDisco), batch (adds running-stat buffers; breaks per-sample gradients) "
+                                  "or none"})
+    groups: int = field(default=2, metadata={
+        "gt": 0, "help": "GroupNorm groups for norm = 'group' (2 in FedDisco); must divide 64"})
+    stem: str = field(default="cifar", metadata={
+        "choices": tuple(MIN_SIDE),
+        "help": "cifar: 3x3 stride-1 conv, no max-pool; imagenet: 7x7 stride-2 conv and 3x3 stride-2 max-pool "
+                "(FedLGA)"})
+    zero_init_residual: bool = field(default=False, metadata={
+        "help": "start every residual branch at zero, so every block is the identity at init"})
 
     def validate(self) -> list[str]:
         return groups_problem(self.norm, self.groups, WIDTHS)

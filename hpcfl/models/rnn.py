@@ -24,8 +24,8 @@ class KwsLstmOptions:
     layers : stacked LSTM layers (2 in GIFT).
     """
 
-    hidden: int = field(default=64, metadata={"gt": 0})
-    layers: int = field(default=2, metadata={"gt": 0})
+    hidden: int = field(default=64, metadata={"gt": 0, "help": "LSTM hidden size (64 in GIFT)"})
+    layers: int = field(default=2, metadata={"gt": 0, "help": "stacked LSTM layers (2 in GIFT)"})
 
 
 def fits(opts, input_shape: tuple[int, ...]) -> str | None:

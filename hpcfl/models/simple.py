@@ -30,7 +30,9 @@ class LogRegOptions:
         problem is convex, so a zero start is common; it ignores the seed).
     """
 
-    init: str = field(default="default", metadata={"choices": ("default", "zeros")})
+    init: str = field(default="default", metadata={
+        "choices": ("default", "zeros"),
+        "help": "default: torch's nn.Linear init; zeros: W = 0, b = 0 (ignores the seed)"})
 
 
 class LogReg(ZooModel):
@@ -73,16 +75,22 @@ class MlpOptions:
         MLP 20 -> 64 -> 10 (and a 32 -> 64 -> 10 MLP) is hidden=[64], init="he_lecun".
     """
 
-    hidden: tuple[int, ...] = field(default=(200,), metadata={"gt": 0})
-    activation: str = field(default="relu", metadata={"choices": tuple(ACTIVATIONS)})
-    init: str = field(default="default", metadata={"choices": MLP_INITS})
+    hidden: tuple[int, ...] = field(default=(200,), metadata={
+        "gt": 0, "help": "widths of the hidden layers, input side first; []: logistic regression"})
+    activation: str = field(default="relu", metadata={
+        "choices": tuple(ACTIVATIONS),
+        "help": "nonlinearity after every hidden layer"})
+    init: str = field(default="default", metadata={
+        "choices": MLP_INITS, "help": "default: torch's nn.Linear init; he_normal: W ~ N(0, 2/fan_in), b = 0; "
+                                      "he_lecun: the same but N(0, 1/fan_in) for the output layer"})
 
 
 @dataclass(frozen=True)
 class FedlgaMlpOptions(MlpOptions):
     """Options of ``fedlga_mlp``: ``mlp`` with the 400 hidden units of FedLGA's MLP (Li et al.)."""
 
-    hidden: tuple[int, ...] = field(default=(400,), metadata={"gt": 0})
+    hidden: tuple[int, ...] = field(default=(400,), metadata={
+        "gt": 0, "help": "widths of the hidden layers, input side first (FedLGA: [400])"})
 
 
 class Mlp(ZooModel):

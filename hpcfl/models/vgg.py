@@ -43,10 +43,14 @@ class Vgg11Options:
     groups : GroupNorm groups; must divide 64.
     """
 
-    head: str = field(default="mlp", metadata={"choices": ("mlp", "linear")})
-    dropout: float = field(default=0.5, metadata={"ge": 0.0, "lt": 1.0})
-    norm: str = field(default="none", metadata={"choices": NORMS})
-    groups: int = field(default=32, metadata={"gt": 0})
+    head: str = field(default="mlp", metadata={
+        "choices": ("mlp", "linear"),
+        "help": "classifier: mlp = Dropout, FC 512, ReLU, Dropout, FC 512, ReLU, FC C (FedNova); linear = one FC"})
+    dropout: float = field(default=0.5, metadata={
+        "ge": 0.0, "lt": 1.0, "help": "drop probability of the mlp head's two Dropout layers (unused by linear)"})
+    norm: str = field(default="none", metadata={
+        "choices": NORMS, "help": "after every conv: none, batch (adds running-stat buffers) or group (GroupNorm)"})
+    groups: int = field(default=32, metadata={"gt": 0, "help": "GroupNorm groups for norm = 'group'; must divide 64"})
 
     def validate(self) -> list[str]:
         return groups_problem(self.norm, self.groups, WIDTHS)
@@ -59,7 +63,9 @@ class Vgg16Options(Vgg11Options):
     GIFT's VGG-16 (Chen et al. 2023) is ``norm = "batch"`` with the default head.
     """
 
-    head: str = field(default="linear", metadata={"choices": ("mlp", "linear")})
+    head: str = field(default="linear", metadata={
+        "choices": ("mlp", "linear"),
+        "help": "classifier: linear = one FC (the default here); mlp = FedNova's FC 512-512 head"})
 
 
 class Vgg(ZooModel):

@@ -28,46 +28,73 @@ GROUPS = {
 }
 
 
-def _pos(**extra):
-    return field(default=None, metadata={"gt": 0, **extra})
+def _pos(help_text: str):
+    """An optional positive number (unset by default) with its ``hpcfl config`` help line."""
+    return field(default=None, metadata={"gt": 0, "help": help_text})
 
 
 @dataclass(frozen=True)
 class SystemOptions:
     """Options of the simulated clock (TOML table ``[system]``); see ``hpcfl.system``."""
 
-    enabled: bool = False
+    enabled: bool = field(default=False, metadata={
+        "help": "turn the simulated clock on; false: planned steps run, nobody drops out, sim_time stays 0"})
     # per-client compute speed (static, keyed by (seed, client))
-    compute_unit: str = field(default="step", metadata={"choices": ("step", "sample")})
-    compute_dist: str = field(default="constant", metadata={"choices": STATIC_DISTS})
-    compute_s: float = field(default=0.1, metadata={"gt": 0})
-    compute_low_s: Optional[float] = _pos()
-    compute_high_s: Optional[float] = _pos()
-    compute_sigma: Optional[float] = field(default=None, metadata={"ge": 0})
+    compute_unit: str = field(default="step", metadata={
+        "choices": ("step", "sample"),
+        "help": "compute times are seconds per local step (step) or per training sample (sample)"})
+    compute_dist: str = field(default="constant", metadata={
+        "choices": STATIC_DISTS, "help": "per-client compute time: constant (compute_s), uniform (low..high), "
+                                         "lognormal (sigma), trace (CSV)"})
+    compute_s: float = field(default=0.1, metadata={
+        "gt": 0, "help": "mean compute seconds per step or per sample (compute_unit)"})
+    compute_low_s: Optional[float] = _pos("lower bound of compute_dist = 'uniform', seconds; unset: none")
+    compute_high_s: Optional[float] = _pos("upper bound of compute_dist = 'uniform', seconds; unset: none")
+    compute_sigma: Optional[float] = field(default=None, metadata={
+        "ge": 0, "help": "std of the log for compute_dist = 'lognormal' (the mean stays compute_s); unset: none"})
     # per-client bandwidths in megabits per second (inf = instantaneous)
-    uplink_dist: str = field(default="constant", metadata={"choices": STATIC_DISTS})
-    uplink_mbps: float = field(default=5.0, metadata={"gt": 0})
-    uplink_low_mbps: Optional[float] = _pos()
-    uplink_high_mbps: Optional[float] = _pos()
-    uplink_sigma: Optional[float] = field(default=None, metadata={"ge": 0})
-    downlink_dist: str = field(default="constant", metadata={"choices": STATIC_DISTS})
-    downlink_mbps: float = field(default=math.inf, metadata={"gt": 0})
-    downlink_low_mbps: Optional[float] = _pos()
-    downlink_high_mbps: Optional[float] = _pos()
-    downlink_sigma: Optional[float] = field(default=None, metadata={"ge": 0})
-    trace: Optional[str] = None
+    uplink_dist: str = field(default="constant", metadata={
+        "choices": STATIC_DISTS, "help": "per-client uplink bandwidth: constant (uplink_mbps), uniform, lognormal, "
+                                         "trace"})
+    uplink_mbps: float = field(default=5.0, metadata={
+        "gt": 0, "help": "mean uplink bandwidth, Mbit/s; inf: uploads take no time"})
+    uplink_low_mbps: Optional[float] = _pos("lower bound of uplink_dist = 'uniform', Mbit/s; unset: none")
+    uplink_high_mbps: Optional[float] = _pos("upper bound of uplink_dist = 'uniform', Mbit/s; unset: none")
+    uplink_sigma: Optional[float] = field(default=None, metadata={
+        "ge": 0, "help": "std of the log for uplink_dist = 'lognormal'; unset: none"})
+    downlink_dist: str = field(default="constant", metadata={
+        "choices": STATIC_DISTS, "help": "per-client downlink bandwidth: constant (downlink_mbps), uniform, "
+                                         "lognormal, trace"})
+    downlink_mbps: float = field(default=math.inf, metadata={
+        "gt": 0, "help": "mean downlink bandwidth, Mbit/s; inf: downloads take no time"})
+    downlink_low_mbps: Optional[float] = _pos("lower bound of downlink_dist = 'uniform', Mbit/s; unset: none")
+    downlink_high_mbps: Optional[float] = _pos("upper bound of downlink_dist = 'uniform', Mbit/s; unset: none")
+    downlink_sigma: Optional[float] = field(default=None, metadata={
+        "ge": 0, "help": "std of the log for downlink_dist = 'lognormal'; unset: none"})
+    trace: Optional[str] = field(default=None, metadata={
+        "help": "CSV of client profiles for *_dist = 'trace', relative to the job file; unset: none"})
     # per-round protocol and draws, keyed by (seed, round, client)
-    deadline_s: Optional[float] = field(default=None, metadata={"gt": 0})
-    unavailability: float = field(default=0.0, metadata={"ge": 0, "le": 1})
-    slowdown_dist: str = field(default="none", metadata={"choices": ("none", "uniform")})
-    slowdown_min: float = field(default=0.5, metadata={"gt": 0, "le": 1})
-    delay_dist: str = field(
-        default="none", metadata={"choices": ("none", "constant", "uniform", "exponential")}
-    )
-    delay_s: float = field(default=0.0, metadata={"ge": 0})
-    delay_low_s: Optional[float] = field(default=None, metadata={"ge": 0})
-    delay_high_s: Optional[float] = field(default=None, metadata={"ge": 0})
-    server_s: float = field(default=0.0, metadata={"ge": 0})
+    deadline_s: Optional[float] = field(default=None, metadata={
+        "gt": 0, "help": "round deadline, simulated seconds: clients run the steps that fit, or drop out; unset: no "
+                         "deadline"})
+    unavailability: float = field(default=0.0, metadata={
+        "ge": 0, "le": 1, "help": "probability that a client is unavailable in a round"})
+    slowdown_dist: str = field(default="none", metadata={
+        "choices": ("none", "uniform"),
+        "help": "per-round slowdown factor xi: none (1) or uniform on (slowdown_min, 1]; a step takes c_i / xi"})
+    slowdown_min: float = field(default=0.5, metadata={
+        "gt": 0, "le": 1, "help": "smallest slowdown factor for slowdown_dist = 'uniform'"})
+    delay_dist: str = field(default="none", metadata={
+        "choices": ("none", "constant", "uniform", "exponential"),
+        "help": "reporting delay per client and round: none, constant (delay_s), uniform "
+                "(delay_low_s..delay_high_s), exponential (mean delay_s)"})
+    delay_s: float = field(default=0.0, metadata={
+        "ge": 0, "help": "delay for delay_dist = 'constant', or its mean for 'exponential', seconds"})
+    delay_low_s: Optional[float] = field(default=None, metadata={
+        "ge": 0, "help": "lower bound of delay_dist = 'uniform', seconds; unset: none"})
+    delay_high_s: Optional[float] = field(default=None, metadata={
+        "ge": 0, "help": "upper bound of delay_dist = 'uniform', seconds; unset: none"})
+    server_s: float = field(default=0.0, metadata={"ge": 0, "help": "server aggregation seconds added to every round"})
 
     def uses_trace(self) -> bool:
         return "trace" in (self.compute_dist, self.uplink_dist, self.downlink_dist)

@@ -1,0 +1,211 @@
+"""The job's sections as frozen dataclasses: ``[run] [data] [model] [algorithm] [runtime]
+[checkpoint] [guard] [watchdog] [results]``.
+
+Each field's metadata carries its constraints (see :mod:`hpcfl.options`) and a one-line
+``help`` that ``hpcfl config`` prints. Components chosen by name (datasets, partitions,
+models, policies) declare their own option classes beside their code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .algorithms import registry
+
+LOCAL_SOLVERS = tuple(registry.LOCAL)
+STEPS_POLICIES = tuple(registry.STEPS)
+WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
+SERVER_RULES = tuple(registry.SERVER)
+SAMPLING = ("uniform", "with_replacement", "unbiased")
+PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (docs/algorithms/)
+POLICY_SLOTS = ("local", "steps", "weights", "server")
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str = field(default="run", metadata={
+        "help": "run name; the default output folder is runs/<name> (letters, digits, '.', '_', '-')"})
+    seed: int = field(default=0, metadata={
+        "ge": 0, "help": "root seed: every random draw is a pure function of (seed, round, client)"})
+    rounds: int = field(default=10, metadata={"gt": 0, "help": "number of communication rounds"})
+    eval_every: int = field(default=1, metadata={
+        "ge": 0, "help": "evaluate on the test set every this many rounds and after the last; 0: after the last "
+                         "round only"})
+    eval_train: bool = field(default=False, metadata={
+        "help": "also evaluate the global model on all clients' training samples, F(x) = sum p_i F_i(x)"})
+
+    def validate(self) -> list[str]:
+        # runs/<name> must stay inside runs/ and be one plain folder name
+        if not RUN_NAME.fullmatch(self.name) or self.name in (".", ".."):
+            return [f"run.name = {self.name!r} must be a plain name of letters, digits, '.', '_' and '-' "
+                    f"(no '/', no '..', no spaces), e.g. run.name = \"dirichlet_a0.5_seed1\""]
+        return []
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dataset: str = field(default="digits", metadata={"help": "dataset name; its options go in [data.<dataset>]"})
+    root: str | None = field(default=None, metadata={
+        "help": "folder with the files of an on-disk dataset (cifar10, cifar100, mnist, fashion_mnist, emnist, npz); "
+                "unset: none (embedded datasets)"})
+    partition: str = field(default="iid", metadata={
+        "help": "how the training set is split over the clients; its options go in [data.<partition>]"})
+    num_clients: int = field(default=10, metadata={"gt": 0, "help": "number of simulated clients K"})
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str = field(default="mlp", metadata={"help": "model architecture; its options go in [model.<name>]"})
+
+
+@dataclass(frozen=True)
+class AlgorithmSection:
+    name: str = field(default="fedavg", metadata={
+        "choices": tuple(PRESETS),
+        "help": "algorithm preset: fills the policy slots local, steps, weights, server not set here (custom fills "
+                "none)"})
+    local: str | None = field(default=None, metadata={
+        "choices": LOCAL_SOLVERS, "help": "local solver slot: sgd, prox (FedProx, needs mu), scaffold, vr (FedNova "
+                                          "variance reduction); unset: the preset's, else sgd"})
+    steps: str | None = field(default=None, metadata={
+        "choices": STEPS_POLICIES,
+        "help": "local steps slot: epochs, fixed (local_steps), random_epochs, client_steps, gsnr; unset: the "
+                "preset's, else fixed when local_steps > 0, else epochs"})
+    weights: str | None = field(default=None, metadata={
+        "choices": WEIGHTS_POLICIES,
+        "help": "aggregation weights slot: size (n_i), uniform, disco (FedDisco); unset: the preset's, else size"})
+    server: str | None = field(default=None, metadata={
+        "choices": SERVER_RULES, "help": "server rule slot: average, nova (FedNova); unset: the preset's, else "
+                                         "average"})
+    clients_per_round: int = field(default=0, metadata={
+        "ge": 0, "help": "clients sampled per round; 0: all clients every round"})
+    sampling: str = field(default="uniform", metadata={
+        "choices": SAMPLING, "help": "cohort draw: uniform = without replacement; with_replacement and unbiased need "
+                                     "clients_per_round > 0 and weights = size or uniform"})
+    lr: float = field(default=0.05, metadata={
+        "gt": 0, "help": "client learning rate of the local SGD steps (before any lr schedule)"})
+    momentum: float = field(default=0.0, metadata={
+        "ge": 0, "lt": 1, "help": "client SGD momentum, restarted every round; 0: none"})
+    weight_decay: float = field(default=0.0, metadata={
+        "ge": 0, "help": "L2 weight decay added to the local objective; 0: none"})
+    mu: float = field(default=0.0, metadata={
+        "ge": 0, "help": "FedProx proximal weight; > 0 exactly when local = 'prox'"})
+    batch_size: int = field(default=32, metadata={"gt": 0, "help": "local mini-batch size B, in samples"})
+    local_epochs: int = field(default=1, metadata={"gt": 0, "help": "local epochs E per round, for steps = 'epochs'"})
+    epoch_rounding: str = field(default="ceil", metadata={
+        "choices": ("ceil", "floor"),
+        "help": "steps of E epochs on n_i samples: ceil = E*ceil(n_i/B), floor = floor(E*n_i/B) (the FedNova paper)"})
+    local_steps: int = field(default=0, metadata={
+        "ge": 0, "help": "local steps K per round for steps = 'fixed' (the budget E_const for steps = 'gsnr'); 0: "
+                         "not used"})
+    server_lr: float = field(default=1.0, metadata={
+        "gt": 0, "help": "server learning rate: x <- x + server_lr * aggregated update (1: plain averaging)"})
+    server_momentum: float = field(default=0.0, metadata={
+        "ge": 0, "lt": 1, "help": "server momentum beta (FedAvgM; lr-scaled as in FedNova with server = 'nova'); 0: "
+                                  "none"})
+    lr_schedule: str = field(default="constant", metadata={
+        "choices": ("constant", "step"),
+        "help": "client lr over rounds: constant, or step (times lr_gamma after each milestone)"})
+    lr_milestones: tuple[float, ...] = field(default=(0.5, 0.75), metadata={
+        "gt": 0, "lt": 1, "help": "step-schedule milestones as fractions of run.rounds: the lr drops after int(f * "
+                                  "rounds) rounds"})
+    lr_milestone_rounds: tuple[int, ...] | None = field(default=None, metadata={
+        "ge": 1, "help": "step-schedule milestones in rounds (m: the lr drops from round m+1 on); unset: use "
+                         "lr_milestones"})
+    lr_gamma: float = field(default=0.1, metadata={
+        "gt": 0, "le": 1, "help": "factor applied to the lr at each milestone of the step schedule"})
+    local_lr_decay: float = field(default=1.0, metadata={
+        "gt": 0, "le": 1, "help": "within a round, local step k uses lr * local_lr_decay**k (FedNova, Sec. 4.1); 1: "
+                                  "no decay"})
+
+    def validate(self) -> list[str]:
+        p = []
+        if self.lr_milestone_rounds is not None:
+            if self.lr_schedule != "step":
+                p.append("algorithm.lr_milestone_rounds is used only with algorithm.lr_schedule = 'step'")
+            if list(self.lr_milestone_rounds) != sorted(set(self.lr_milestone_rounds)):
+                p.append(f"algorithm.lr_milestone_rounds = {list(self.lr_milestone_rounds)} must be increasing")
+        if self.local == "vr" and (self.clients_per_round != 0 or self.sampling != "uniform"):
+            p.append("algorithm.local = 'vr' (FedNova variance reduction) needs full participation: "
+                     "set algorithm.clients_per_round = 0")
+        if self.sampling != "uniform" and self.clients_per_round == 0:
+            p.append(f"algorithm.sampling = {self.sampling!r} needs partial participation; set "
+                     f"algorithm.clients_per_round")
+        if self.local == "prox" and self.mu == 0:
+            p.append("algorithm.local = 'prox' needs algorithm.mu > 0 (FedProx's proximal weight)")
+        if self.local != "prox" and self.mu > 0:
+            p.append(f"algorithm.mu = {self.mu} is only used by local = 'prox'; set algorithm.local = 'prox' or mu = 0")
+        if self.steps == "fixed" and self.local_steps == 0:
+            p.append("algorithm.steps = 'fixed' needs algorithm.local_steps > 0")
+        if self.steps == "epochs" and self.local_steps > 0:
+            p.append("algorithm.local_steps is set but algorithm.steps = 'epochs'; drop one of them")
+        from .algorithms.sampling import STATIC_WEIGHTS
+        if self.sampling != "uniform" and self.weights not in STATIC_WEIGHTS:
+            p.append(f"algorithm.sampling = {self.sampling!r} weights each draw by the sampling itself and is "
+                     f"defined for weights = 'size' or 'uniform' only, not {self.weights!r} (weights computed "
+                     f"over each round's sampled set); use algorithm.sampling = 'uniform'")
+        return p
+
+
+@dataclass(frozen=True)
+class RuntimeSection:
+    reduce: str = field(default="exact", metadata={
+        "choices": ("exact", "float"),
+        "help": "exact: fixed-point sum, bitwise the same on any number of ranks; float: plain Allreduce, faster, "
+                "not reproducible across rank counts"})
+    device: str = field(default="auto", metadata={
+        "choices": ("auto", "cpu", "cuda"),
+        "help": "auto: cuda:<node-local rank mod GPUs> when CUDA is available, else the CPU"})
+    threads: int = field(default=0, metadata={
+        "ge": 0, "help": "torch threads per rank; 0: cores on the node / ranks on the node"})
+    dtype: str = field(default="float32", metadata={
+        "choices": ("float32", "float64"),
+        "help": "floating-point precision of the model, the data and training"})
+    placement: str = field(default="block", metadata={
+        "choices": ("block", "round_robin"),
+        "help": "clients to ranks: block (contiguous) or round_robin (client i on rank i mod R); results do not "
+                "depend on it"})
+    eval_batch_size: int = field(default=1000, metadata={
+        "gt": 0, "help": "samples per evaluation chunk (chunks are dealt to the ranks round-robin)"})
+    progress: str = field(default="auto", metadata={
+        "choices": ("auto", "bar", "line", "none"),
+        "help": "per-round output: auto (a bar on a terminal, else one line per round), bar, line, none"})
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    every: int = field(default=0, metadata={
+        "ge": 0, "help": "checkpoint every this many rounds; 0: off (a stop and the end of the run always "
+                         "checkpoint)"})
+    every_minutes: float = field(default=10.0, metadata={
+        "ge": 0, "help": "also checkpoint at the first round end after this many wall-clock minutes; 0: off"})
+    keep: int = field(default=3, metadata={
+        "ge": 2, "help": "newest valid checkpoints kept (at least 2: a damaged newest one has a fallback)"})
+    dir: str | None = field(default=None, metadata={
+        "help": "checkpoint folder, owned by one run; unset: <out>/checkpoints"})
+
+
+@dataclass(frozen=True)
+class GuardSection:
+    policy: str = field(default="stop", metadata={
+        "choices": ("stop", "skip"),
+        "help": "a client update with NaN/Inf or a norm above max_norm: stop = end the run (exit 3), skip = leave it "
+                "out of the round and record it"})
+    max_norm: float = field(default=0.0, metadata={
+        "ge": 0, "help": "bound on the L2 norm of one client's update; 0: no bound (NaN/Inf are always refused)"})
+
+
+@dataclass(frozen=True)
+class WatchdogSection:
+    timeout_s: float = field(default=0.0, metadata={
+        "ge": 0, "help": "abort the job when one phase of one round runs longer than this many seconds; 0: off"})
+
+
+@dataclass(frozen=True)
+class ResultsSection:
+    locking: bool = field(default=True, metadata={
+        "help": "HDF5 file locking; false on filesystems without it (sets HDF5_USE_FILE_LOCKING=FALSE)"})
