@@ -134,22 +134,13 @@ def _canonical(obj) -> str:
 
 # ---- the grid --------------------------------------------------------------------------------
 
-def _flatten(node: dict, prefix: str = "") -> dict:
-    """{"algorithm": {"name": [..]}} (unquoted dotted keys) -> {"algorithm.name": [..]}."""
-    out = {}
-    for k, v in node.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def read_grid(raw) -> dict:
     """Validate a ``[sweep]`` table; returns {dotted key: list of values} in file order."""
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep must be a table ([sweep] with \"section.key\" = [values...]), found {raw!r}")
-    grid, problems = _flatten(raw), []
+    from .config import flatten   # unquoted dotted keys were grouped by section by TOML
+
+    grid, problems = flatten(raw), []
     for key, values in grid.items():
         if len(key.split(".")) < 2 or not all(key.split(".")):
             problems.append(f"sweep key {key!r} must be a dotted config key, e.g. \"algorithm.lr\" = [0.01, 0.1]")
