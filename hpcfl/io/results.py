@@ -49,12 +49,12 @@ Every dataset carries the attributes ``unit`` and ``description``.
 Rebuild the trained model: ``hpcfl.results.load(path).model()`` (a torch module in eval
 mode); its weights alone: ``.state_dict()``.
 
-Reading: a finished or stopped run's file (any exit but SIGKILL) opens with plain
-``h5py.File(path)``. While a run is going, the writer holds it in HDF5 SWMR mode (single
+Reading: the file of a run that finished, or was stopped by a signal or the guard, opens
+with plain ``h5py.File(path)``. While a run is going, the writer holds it in HDF5 SWMR mode (single
 writer, multiple readers), so ``hpcfl.results.load(path)`` or ``h5py.File(path, "r",
 swmr=True)`` reads every flushed round. After a SIGKILL at most the round in flight is
-lost; the file is still marked "open for write" and opens only with ``swmr=True`` (or the
-reader) until the run resumes and rewrites it cleanly. SWMR is kept on purpose: a
+lost; such a file (or one of a crashed run) is still marked "open for write" and opens only
+with ``swmr=True`` (or the reader) until the run resumes and rewrites it cleanly. SWMR is kept on purpose: a
 non-SWMR HDF5 file killed while open cannot be opened at all (docs/results.md). SWMR needs POSIX write ordering: on NFS or a parallel filesystem without it, set
 ``[results] locking = false`` and copy the file before reading it mid-run.
 """
