@@ -226,9 +226,9 @@ class ResultsWriter:
                     for k, v in ds.attrs.items():
                         new_ds.attrs[k] = v
             if old.attrs.get("schema_version", 1) < 2:   # an older file counted rounds from 0
-                for group in ("metrics", "clients"):
+                for group, fields in (("metrics", METRICS), ("clients", CLIENT_FIELDS)):
                     new[group]["round"][...] = new[group]["round"][()] + 1
-                    _describe(new[group]["round"], "round", CLIENT_FIELDS["round"].description)
+                    _describe(new[group]["round"], "round", fields["round"].description)
             counts = new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
             _describe(counts, "samples", "training samples of each class held by each client (clients, classes)")
             # segments that started after the checkpoint this run resumes from are undone

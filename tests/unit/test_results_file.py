@@ -133,6 +133,9 @@ def test_schema1_files_read_and_resume_with_rounds_from_1(tmp_path):
     r = load(tmp_path)
     assert r.metrics["round"].tolist() == [1, 2, 3, 4] and r.clients["round"].tolist() == [1, 1, 2, 2, 3, 3, 4, 4]
     assert r.attrs["schema_version"] == 2 and [s["start_round"] for s in r.segments] == [1, 4]
+    with h5py.File(path, "r") as f:   # the converted columns describe themselves as today's
+        assert f["metrics/round"].attrs["description"] == METRICS["round"].description
+        assert f["clients/round"].attrs["description"] == CLIENT_FIELDS["round"].description
 
 
 def test_a_live_file_needs_swmr_with_plain_h5py_and_the_reader_just_works(tmp_path):
