@@ -112,10 +112,13 @@ class Curve:
 def quality_metric(runs) -> tuple[str, str]:
     """(metric name, axis label) of the quality panel for these runs.
 
-    Test accuracy when every run has one; otherwise test loss, which every model
-    reports (the quadratic model has no accuracy), so mixed groups share one axis.
+    Test accuracy when every run has one (:func:`.runs.quality`); otherwise test loss,
+    which every model reports (the quadratic model has no accuracy), so mixed groups
+    share one axis.
     """
-    if runs and all(np.isfinite(r.metrics["test_accuracy"]).any() for r in runs):
+    from .runs import quality
+
+    if runs and all(quality(r)[0] == "accuracy" for r in runs):
         return "test_accuracy", "test accuracy (fraction)"
     return "test_loss", "test loss (lower is better)"
 
@@ -230,13 +233,8 @@ def curves_png(groups: dict, path, x: str = "round", metrics=("quality", "train_
 # ----------------------------------------------------------------------------- client heatmap
 
 def _client_unit(res, field: str) -> str | None:
-    """The unit of ``/clients/<field>`` when ``Results`` carries units, else None."""
-    units = getattr(res, "units", None)
-    if not isinstance(units, dict):
-        return None
-    inner = units.get("clients")
-    unit = inner.get(field) if isinstance(inner, dict) else units.get(field)
-    return None if unit is None else str(unit)
+    """The unit of ``/clients/<field>`` as the file records it, or None when it has none."""
+    return res.units.get("clients", {}).get(field) or None
 
 
 def _num_clients(res) -> int:
