@@ -94,15 +94,19 @@ def iid(labels, num_clients, opts: IidOptions, seed, dataset=None):
 # ---------------------------------------------------------- Dirichlet over clients
 
 
+# The class-wise Dirichlet draw's options, shared by "dirichlet" and "longtail".
+_ALPHA = {"gt": 0, "help": "Dirichlet concentration of each class's split over clients; smaller is more skewed"}
+_MIN_SAMPLES = {"ge": 0, "help": "redraw the whole partition until every client has at least this many samples"}
+_MAX_TRIES = {"gt": 0, "help": "most redraws before giving up with an error"}
+_LEGACY_RNG = {"help": "draw with numpy's legacy RandomState (to replay FedNova's split) instead of default_rng"}
+
+
 @dataclass(frozen=True)
 class DirichletOptions:
-    alpha: float = field(default=0.5, metadata={
-        "gt": 0, "help": "Dirichlet concentration of each class's split over clients; smaller is more skewed"})
-    min_samples: int = field(default=10, metadata={
-        "ge": 0, "help": "redraw the whole partition until every client has at least this many samples"})
-    max_tries: int = field(default=1000, metadata={"gt": 0, "help": "most redraws before giving up with an error"})
-    legacy_rng: bool = field(default=False, metadata={
-        "help": "draw with numpy's legacy RandomState (to replay FedNova's split) instead of default_rng"})
+    alpha: float = field(default=0.5, metadata=_ALPHA)
+    min_samples: int = field(default=10, metadata=_MIN_SAMPLES)
+    max_tries: int = field(default=1000, metadata=_MAX_TRIES)
+    legacy_rng: bool = field(default=False, metadata=_LEGACY_RNG)
     fixed_seed: int | None = field(default=None, metadata={
         "help": "partition seed used instead of run.seed, one split for every run seed (2020 with legacy_rng replays "
                 "FedNova); unset: run.seed"})
@@ -173,13 +177,10 @@ class LongtailOptions:
         "ge": 1, "help": "imbalance ratio: class k keeps int(n_max * rho**(-k/(C-1))) samples; 1: balanced"})
     n_max: int | None = field(default=None, metadata={
         "gt": 0, "help": "samples kept of class 0; unset: the smallest class size"})
-    alpha: float = field(default=0.5, metadata={
-        "gt": 0, "help": "Dirichlet concentration of each class's split over clients; smaller is more skewed"})
-    min_samples: int = field(default=10, metadata={
-        "ge": 0, "help": "redraw the whole partition until every client has at least this many samples"})
-    max_tries: int = field(default=1000, metadata={"gt": 0, "help": "most redraws before giving up with an error"})
-    legacy_rng: bool = field(default=False, metadata={
-        "help": "draw with numpy's legacy RandomState (to replay FedNova's split) instead of default_rng"})
+    alpha: float = field(default=0.5, metadata=_ALPHA)
+    min_samples: int = field(default=10, metadata=_MIN_SAMPLES)
+    max_tries: int = field(default=1000, metadata=_MAX_TRIES)
+    legacy_rng: bool = field(default=False, metadata=_LEGACY_RNG)
 
 
 def longtail_counts(rho: float, n_max: int, num_classes: int) -> list[int]:

@@ -72,7 +72,7 @@ def check_writable(path: Path, what: str, fix: str) -> None:
 
 
 def lock(out: Path) -> None:
-    """Hold an exclusive lock on ``out`` for the life of this process, or raise.
+    """Hold an exclusive lock on ``out`` until :func:`unlock` or the end of this process, or raise.
 
     Two runs writing one ``--out`` at once would rebuild and replace each other's
     ``results.h5``. ``flock`` is released by the kernel when the process ends in any way
