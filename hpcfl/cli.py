@@ -3,8 +3,9 @@
 Input errors (bad config, missing data files, more ranks than clients) are collected
 from all ranks, printed once by rank 0, and end every rank with exit code 2.
 Exit codes of ``hpcfl run``: 0 finished (or already finished), 2 bad input, 3 stopped by
-the update guard, 75 stopped by a signal with a checkpoint written (run again to
-resume), anything else a failure.
+the update guard, 4 diverged (the model became NaN or Inf; the results up to that round
+are kept and the file says so), 75 stopped by a signal with a checkpoint written (run
+again to resume), anything else a failure.
 """
 
 from __future__ import annotations
@@ -133,6 +134,10 @@ def _plan_run(cfg, out: Path, args) -> Plan:
                          + " ".join(f"--allow-change {k}" for k in unnamed))
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
+    if state == "diverged":   # resuming would only diverge again
+        return Plan("done", run_id, ckpt_dir, None, [
+            f"{path} ended diverged in round {results.diverged_round(path)}; nothing to do (pass --force to "
+            f"start over, e.g. with a lower algorithm.lr)"])
     if store is None:
         return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting at round 1"])
     loaded = store.load_latest()
@@ -142,6 +147,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
                                                               f"round 1"])
     if state == "finished" and loaded.round >= cfg.run.rounds:
         return Plan("done", run_id, ckpt_dir, loaded, notes)
+
     return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (written "
                                                              f"after round {loaded.round})"])
 
@@ -173,7 +179,7 @@ def _commit(cfg, out: Path, plan: Plan):
 
 def cmd_run(args, comm) -> int:
     from . import config, resume, signals, simulation
-    from .control import EXIT_GUARD, EXIT_RESUMABLE, RunControl
+    from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, RunControl
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
     from .runtime import versions
@@ -208,7 +214,7 @@ def cmd_run(args, comm) -> int:
             print(f"hpcfl: {note}", flush=True)
     if mode == "done":
         signals.ignore()
-        if comm.rank == 0:
+        if comm.rank == 0 and not any("ended diverged" in n for n in plan.notes):
             print(f"hpcfl: {out} is already finished ({start} rounds); nothing to do", flush=True)
         return 0
 
@@ -263,6 +269,18 @@ def cmd_run(args, comm) -> int:
     try:
         x = simulation.run(setup, on_round=on_round, start=start, sim_time=sim_time, x=x, control=control,
                            checkpoint=checkpoint)
+    except simulation.Diverged as exc:
+        if comm.rank == 0:
+            writer.mark_diverged(exc.round)
+            writer.close()
+            progress.close()
+            print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+            print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
+        from .io import rundir
+
+        control.close()
+        rundir.unlock()
+        return EXIT_DIVERGED
     except (simulation.Stopped, simulation.GuardStop) as exc:
         resumable = isinstance(exc, simulation.Stopped)
         if comm.rank == 0:

@@ -18,6 +18,7 @@ import numpy as np
 from .signals import stop_requested
 
 EXIT_GUARD = 3
+EXIT_DIVERGED = 4
 EXIT_RESUMABLE = 75
 
 

@@ -18,28 +18,36 @@ STEPS = 4
 WEIGHTS = 5
 EVAL = 6
 STATS = 7   # samples drawn by a statistics phase before training
+STRAGGLER = 8   # which clients are slow and by how much (the straggler steps policy)
 
 
-def seed_sequence(seed: int, stream: int, rnd: int = 0, client: int = 0) -> np.random.SeedSequence:
-    """The SeedSequence for one key; entropy mixes all four integers."""
+def seed_sequence(seed: int, stream: int, rnd: int = 0, client: int = 0, draw: int = 0) -> np.random.SeedSequence:
+    """The SeedSequence for one key; entropy mixes all the integers.
+
+    ``draw`` > 0 keys a client's repeated draw within a round (sampling with replacement,
+    each draw trained as its own instance); draw 0 keeps the four-word key, so runs
+    without repeated draws are unchanged.
+    """
     # SeedSequence needs non-negative words; -1 (e.g. "not tied to a round") maps to 2**32 - 1.
-    return np.random.SeedSequence([int(seed), int(stream), int(rnd) % 2**32, int(client)])
+    words = [int(seed), int(stream), int(rnd) % 2**32, int(client)]
+    return np.random.SeedSequence(words + [int(draw)] if draw else words)
 
 
-def numpy_rng(seed: int, stream: int, rnd: int = 0, client: int = 0) -> np.random.Generator:
-    """A numpy Generator keyed by (seed, stream, round, client)."""
-    return np.random.default_rng(seed_sequence(seed, stream, rnd, client))
+def numpy_rng(seed: int, stream: int, rnd: int = 0, client: int = 0, draw: int = 0) -> np.random.Generator:
+    """A numpy Generator keyed by (seed, stream, round, client[, draw])."""
+    return np.random.default_rng(seed_sequence(seed, stream, rnd, client, draw))
 
 
-def torch_seed(seed: int, stream: int, rnd: int = 0, client: int = 0) -> int:
+def torch_seed(seed: int, stream: int, rnd: int = 0, client: int = 0, draw: int = 0) -> int:
     """A 63-bit integer seed for torch generators, keyed like :func:`numpy_rng`."""
-    return int(seed_sequence(seed, stream, rnd, client).generate_state(1, np.uint64)[0] >> np.uint64(1))
+    return int(seed_sequence(seed, stream, rnd, client, draw).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
-def torch_generator(device: torch.device, seed: int, stream: int, rnd: int = 0, client: int = 0) -> torch.Generator:
+def torch_generator(device: torch.device, seed: int, stream: int, rnd: int = 0, client: int = 0,
+                    draw: int = 0) -> torch.Generator:
     """A torch Generator on ``device`` keyed like :func:`numpy_rng`."""
     gen = torch.Generator(device=device)
-    gen.manual_seed(torch_seed(seed, stream, rnd, client))
+    gen.manual_seed(torch_seed(seed, stream, rnd, client, draw))
     return gen
 
 

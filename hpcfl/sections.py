@@ -17,7 +17,8 @@ LOCAL_SOLVERS = tuple(registry.LOCAL)
 STEPS_POLICIES = tuple(registry.STEPS)
 WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
 SERVER_RULES = tuple(registry.SERVER)
-SAMPLING = ("uniform", "with_replacement", "unbiased")
+STATEFUL_LOCAL = ("scaffold", "vr", "dyn")   # local add-ons with per-client state
+SAMPLING = ("uniform", "with_replacement", "with_replacement_draws", "unbiased")
 PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (docs/algorithms/)
 POLICY_SLOTS = ("local", "steps", "weights", "server")
 
@@ -70,22 +71,23 @@ class AlgorithmSection:
                 "none)"})
     local: str | None = field(default=None, metadata={
         "choices": LOCAL_SOLVERS, "help": "local solver slot: sgd, prox (FedProx, needs mu), scaffold, vr (FedNova "
-                                          "variance reduction); unset: the preset's, else sgd"})
+                                          "variance reduction), dyn (FedDyn); unset: the preset's, else sgd"})
     steps: str | None = field(default=None, metadata={
         "choices": STEPS_POLICIES,
-        "help": "local steps slot: epochs, fixed (local_steps), random_epochs, client_steps, gsnr; unset: the "
-                "preset's, else fixed when local_steps > 0, else epochs"})
+        "help": "local steps slot: epochs, fixed (local_steps), random_epochs, client_steps, gsnr, straggler "
+                "(slow clients run fewer epochs); unset: the preset's, else fixed when local_steps > 0, else epochs"})
     weights: str | None = field(default=None, metadata={
         "choices": WEIGHTS_POLICIES,
         "help": "aggregation weights slot: size (n_i), uniform, disco (FedDisco); unset: the preset's, else size"})
     server: str | None = field(default=None, metadata={
-        "choices": SERVER_RULES, "help": "server rule slot: average, nova (FedNova); unset: the preset's, else "
-                                         "average"})
+        "choices": SERVER_RULES, "help": "server rule slot: average, nova (FedNova), lga (FedLGA), dyn (FedDyn); "
+                                         "unset: the preset's, else average"})
     clients_per_round: int = field(default=0, metadata={
         "ge": 0, "help": "clients sampled per round; 0: all clients every round"})
     sampling: str = field(default="uniform", metadata={
-        "choices": SAMPLING, "help": "cohort draw: uniform = without replacement; with_replacement and unbiased need "
-                                     "clients_per_round > 0 and weights = size or uniform"})
+        "choices": SAMPLING, "help": "cohort draw: uniform = without replacement; with_replacement (a repeated client "
+                                     "trains once, weight k/q), with_replacement_draws (each draw trains on its own, "
+                                     "weight 1/q) and unbiased need clients_per_round > 0 and weights = size or uniform"})
     lr: float = field(default=0.05, metadata={
         "gt": 0, "help": "client learning rate of the local SGD steps (before any lr schedule)"})
     momentum: float = field(default=0.0, metadata={
@@ -135,6 +137,14 @@ class AlgorithmSection:
         if self.sampling != "uniform" and self.clients_per_round == 0:
             p.append(f"algorithm.sampling = {self.sampling!r} needs partial participation; set "
                      f"algorithm.clients_per_round")
+        if self.sampling == "with_replacement_draws" and (self.local in STATEFUL_LOCAL or self.steps == "gsnr"):
+            what = f"local = {self.local!r}" if self.local in STATEFUL_LOCAL else "steps = 'gsnr'"
+            p.append(f"algorithm.sampling = 'with_replacement_draws' trains a client drawn twice as two instances, "
+                     f"which per-client state or statistics ({what}) cannot follow; use sampling = 'uniform' or "
+                     f"'with_replacement'")
+        if (self.local == "dyn") != (self.server == "dyn"):
+            p.append(f"FedDyn needs both algorithm.local = 'dyn' and algorithm.server = 'dyn' (got local = "
+                     f"{self.local!r}, server = {self.server!r}); or use algorithm.name = 'feddyn'")
         if self.local == "prox" and self.mu == 0:
             p.append("algorithm.local = 'prox' needs algorithm.mu > 0 (FedProx's proximal weight)")
         if self.local != "prox" and self.mu > 0:

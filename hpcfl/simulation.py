@@ -144,6 +144,18 @@ class GuardStop(Exception):
     """Raised on every rank together when a guarded update stops the run (guard.policy = "stop")."""
 
 
+class Diverged(Exception):
+    """Raised on every rank together when the server's new model holds NaN or Inf.
+
+    ``round`` (from 1) is the round whose update diverged; nothing of it is applied.
+    """
+
+    def __init__(self, round_: int):
+        super().__init__(f"the global model became NaN or Inf in round {round_} (diverged); the run stopped "
+                         f"there: lower algorithm.lr, or bound the updates with guard.max_norm")
+        self.round = round_
+
+
 REJECTED = 5  # /clients/dropped code of an update refused by the guard (system codes are 0-4)
 
 
@@ -185,7 +197,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         ctx.clients.x0 = x0
         algo.decide(ctx)
         if s.system is not None:
-            ctx.plan = s.system.plan(rnd, ctx.cohort, ctx.steps, B)
+            ctx.plan = s.system.plan(rnd, ctx.cohort, ctx.steps, B, _granularity(s, ctx))
             ctx.steps = ctx.plan.steps
             sim_time += ctx.plan.duration_s
         t_decide = time.perf_counter()
@@ -193,22 +205,29 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         # 3-4. local training of this rank's cohort clients, one contribution row each
         control.phase("train", rnd)
         acc.reset()
-        records, refused = [], []
+        records, refused, held = [], [], []
         for j in ctx.mine[ctx.steps[ctx.mine] > 0]:
             cid, slot = int(ctx.cohort[j]), int(ctx.slots[j])
-            gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, rnd, cid)
-            rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, rnd, cid))  # dropout and the like
+            key = (rnd, cid, _occurrence(ctx.cohort, j))   # a repeated draw trains with its own randomness
+            gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, *key)
+            rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, *key))  # dropout and the like
             res = s.trainer.train(x0, ctx.clients.indices(j), int(ctx.steps[j]), algo.solver, gen,
                                   algo.correction(slot), ctx.lr)
             norm = float(torch.linalg.vector_norm(res.delta, dtype=torch.float64))   # on the device
             problem = control.check_update(cid, rnd, norm)
             if problem is not None:         # never averaged in: skip and record, or stop the run
                 refused.append(problem)
-                records.append((cid, float("nan"), 0.0, REJECTED))
+                records.append((int(j), float("nan"), 0.0, REJECTED))
+                continue
+            records.append((int(j), res.loss, res.anorm, 0))
+            if algo.holds(ctx, int(j)):     # packed after the release phase (FedLGA's slow clients)
+                held.append((int(j), slot, res))
                 continue
             acc.add(algo.pack(ctx, int(j), slot, res, float(ctx.weights[j])))
-            records.append((cid, res.loss, res.anorm, 0))
         t1 = time.perf_counter()   # before any collective: waiting for slower ranks counts as reduce
+        algo.release(ctx, held)
+        for j, slot, res in held:
+            acc.add(algo.pack(ctx, j, slot, res, float(ctx.weights[j])))
 
         # 5. one exact reduction of all contributions (after the guard's verdict, if it may stop)
         control.phase("reduce", rnd)
@@ -222,10 +241,13 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
 
         # 6. server update and controllers on rank 0; broadcast model, server state, decisions
         control.phase("server", rnd)
-        diag, decisions = {}, None
+        diag, decisions, finite = {}, None, True
         if comm.rank == 0:
             x, diag = algo.server_step(ctx, x, sums)
             decisions = algo.control(ctx, sums)
+            finite = bool(np.isfinite(x).all())
+        if not comm.bcast(finite, root=0):   # the last good checkpoint stays; rank 0 records the round
+            raise Diverged(rnd + 1)
         comm.Bcast(x, root=0)
         algo.broadcast_state(comm)
         algo.receive(comm.bcast(decisions, root=0))
@@ -263,6 +285,19 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     return x
 
 
+def _occurrence(cohort: np.ndarray, j: int) -> int:
+    """How many earlier positions of the (sorted) cohort hold the same client: 0 unless
+    sampling draws a client twice (``with_replacement_draws``)."""
+    return int(j - np.searchsorted(cohort, cohort[j]))
+
+
+def _granularity(s: Setup, ctx: RoundContext):
+    """Steps a deadline-truncated client keeps a multiple of: 1, or its steps per epoch."""
+    if s.cfg.system.truncate == "step":
+        return 1
+    return -(-ctx.sizes // s.cfg.algorithm.batch_size)
+
+
 def _train_eval_set(s: Setup) -> tuple[torch.Tensor, torch.Tensor]:
     """The samples held by clients, for F(x) = sum_i p_i F_i(x) with p_i = n_i / n."""
     idx = torch.from_numpy(np.sort(np.concatenate(s.parts)).astype(np.int64)).to(s.device)
@@ -273,17 +308,17 @@ def _round_records(algo, ctx, sums, gathered, diag):
     """Round metrics (without test and timing fields) and per-client rows, on rank 0."""
     sc = dict(zip(SCALARS, algo.layout.split(sums)["scalars"]))
     cohort, weights, plan, k = ctx.cohort, ctx.weights, ctx.plan, len(ctx.cohort)
-    done = {cid: (loss, anorm, code) for part in gathered for cid, loss, anorm, code in part}
-    ok = {c for c, (_, _, code) in done.items() if code == 0}
+    done = {j: (loss, anorm, code) for part in gathered for j, loss, anorm, code in part}   # by cohort position
+    ok = {j for j, (_, _, code) in done.items() if code == 0}
     total_w = sc["weight"]
     dropped = np.array(plan.reason if plan is not None else np.zeros(k), dtype=np.int8)
     dropped[(np.asarray(ctx.steps) == 0) & (dropped == 0)] = NO_STEPS   # e.g. FedGSNR's n_opt = 0
-    dropped[[j for j, c in enumerate(cohort) if c in done and done[c][2]]] = REJECTED
+    dropped[[j for j in range(k) if j in done and done[j][2]]] = REJECTED
     clients = {
         "round": np.full(k, ctx.rnd + 1), "client": cohort, "steps": ctx.steps,
-        "weight": np.array([weights[j] / total_w if c in ok else 0.0 for j, c in enumerate(cohort)]),
-        "train_loss": np.array([done.get(c, (np.nan,))[0] for c in cohort]),
-        "anorm": np.array([done[c][1] if c in ok else 0.0 for c in cohort]),
+        "weight": np.array([weights[j] / total_w if j in ok else 0.0 for j in range(k)]),
+        "train_loss": np.array([done.get(j, (np.nan,))[0] for j in range(k)]),
+        "anorm": np.array([done[j][1] if j in ok else 0.0 for j in range(k)]),
         "sim_time": plan.total_s if plan is not None else np.zeros(k),
         "dropped": dropped,
     }

@@ -379,9 +379,11 @@ def main(args, comm) -> int:
         if comm.rank == 0:
             print(listing(sweep, args.overrides), flush=True)
         return 0
+    from .control import EXIT_DIVERGED
+
     for point in chosen:
         code = run_point(sweep, point, comm)
-        if code:
+        if code and code != EXIT_DIVERGED:   # a diverged point is a result; the next point still runs
             return code
     if args.only is None and comm.rank == 0:
         print(f"hpcfl sweep: {len(chosen)} point(s) finished in {sweep.out}", flush=True)

@@ -104,7 +104,6 @@ class Algorithm:
                  sizes: np.ndarray):
         a = cfg.algorithm
         self.cfg, self.num_params = a, num_params
-        self.solver = LocalSolver(SolverSpec(a.lr, a.momentum, a.weight_decay, a.mu, a.local_lr_decay))
 
         def make(slot: str, name: str):
             b = registry.Build(cfg, cfg.policy_options.get(slot), state_length, num_params, num_local,
@@ -116,6 +115,9 @@ class Algorithm:
         self.weights_policy = make("weights", a.weights)
         self.rule = make("server", a.server)
         self.policies = [self.weights_policy, self.steps_policy, *self.extras, self.rule]
+        # A local add-on may bring its own proximal term (FedDyn's alpha/2 ||x - x^t||^2): it adds to mu.
+        mu = a.mu + sum(getattr(p, "prox", 0.0) for p in self.extras)
+        self.solver = LocalSolver(SolverSpec(a.lr, a.momentum, a.weight_decay, mu, a.local_lr_decay))
         static = self.weights_policy(-1, np.arange(len(sizes)), sizes) if a.weights in STATIC_WEIGHTS else sizes
         self.sampler = Sampler(a.sampling, a.clients_per_round, cfg.run.seed, static)
         self.server_opt = ServerOptimizer(a.server_lr, a.server_momentum, lr_scaled=a.server == "nova")
@@ -167,6 +169,8 @@ class Algorithm:
         for p in self.policies:
             p.statistics(ctx)
         ctx.steps = np.asarray(self.steps_policy.steps(ctx), dtype=np.int64)
+        if ctx.full_steps is None:     # no truncating steps policy: every client is asked its full work
+            ctx.full_steps = ctx.steps.copy()
 
     def correction(self, slot: int) -> torch.Tensor | None:
         for p in self.extras:
@@ -175,9 +179,23 @@ class Algorithm:
                 return c
         return None
 
+    def holds(self, ctx: RoundContext, j: int) -> bool:
+        """Whether some policy keeps the trained client at position ``j`` until :meth:`release`."""
+        return any(p.hold(ctx, j) for p in self.policies)
+
+    def release(self, ctx: RoundContext, held: list) -> None:
+        """Every rank, after training: the policies' release hooks (collectives allowed)."""
+        for p in self.policies:
+            p.release(ctx, held)
+
     def pack(self, ctx: RoundContext, j: int, slot: int, res, weight: float) -> np.ndarray:
-        """The reduction row of one trained client (see :class:`Layout`)."""
-        parts = {"delta": self.rule.contribution(res.delta.double().cpu().numpy(), weight, res.anorm)}
+        """The reduction row of one trained client (see :class:`Layout`).
+
+        The server rule counts ``res.adjusted`` when a policy set it (FedLGA's approximated
+        full update), else the update itself; every other policy sees the real ``res.delta``.
+        """
+        delta = res.adjusted if res.adjusted is not None else res.delta.double().cpu().numpy()
+        parts = {"delta": self.rule.contribution(delta, weight, res.anorm)}
         for p in self.policies:
             parts.update(p.pack(ctx, j, slot, res, weight))
         parts["scalars"] = np.array(
@@ -191,7 +209,7 @@ class Algorithm:
         s = dict(zip(SCALARS, seg["scalars"]))
         if s["weight"] == 0:           # nobody reported (all dropped): keep the model
             return x, {"tau_eff": float("nan")}
-        agg = self.rule.aggregate(seg["delta"], s)
+        agg = self.rule.aggregate(seg["delta"], s, seg)
         new_x = self.server_opt.apply(x, agg, self.lr)
         for p in self.policies:
             p.server_update(ctx, seg, s)

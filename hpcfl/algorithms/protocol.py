@@ -15,7 +15,11 @@ decide: statistics      all ranks   ``statistics(ctx)``: per-client quantities a
                                     round-start model, reduced with ``ctx.collective``
 decide: steps           all ranks   ``steps(ctx)`` of the steps policy -> tau_i
 train + pack            own clients ``correction(slot)``; ``pack(ctx, j, slot, res, w)``
-                                    fills the policy's declared :class:`Segment` s
+                                    fills the policy's declared :class:`Segment` s;
+                                    a client some ``hold(ctx, j)`` keeps waits
+release                 all ranks   ``release(ctx, held)``: may reduce what was packed
+                                    so far and adjust the held results; then they
+                                    are packed (FedLGA's two-phase correction)
 reduce                  all ranks   one exact sum of ``[delta | segments | scalars]``
 server                  rank 0      ``server_update(ctx, segments, scalars)``
 controller              rank 0      ``control(ctx, segments, scalars)`` -> a decision,
@@ -132,6 +136,10 @@ class RoundContext:
         Aggregation weights p_i, set by the weights policy (and possibly adjusted later).
     steps : (k,) int64
         Local steps tau_i, set by the steps policy (and by the system model's plan).
+    full_steps : (k,) int64
+        The steps a client would run without device heterogeneity: what a steps policy
+        that truncates clients (``straggler``) sets, else the steps policy's ``steps``.
+        A client with ``steps < full_steps`` is incomplete (FedLGA's tau_i > 1).
     plan : hpcfl.system.RoundPlan or None
         The simulated clock's plan for the round.
     log : callable
@@ -154,6 +162,7 @@ class RoundContext:
     draws: np.ndarray | None = None
     weights: np.ndarray | None = None
     steps: np.ndarray | None = None
+    full_steps: np.ndarray | None = None
     plan: object = None
     log: Callable[[str], None] = print
     notes: dict = field(default_factory=dict)
@@ -187,6 +196,18 @@ class Policy:
     def pack(self, ctx: RoundContext, j: int, slot: int, res, weight: float) -> dict[str, np.ndarray]:
         """Values of this policy's segments for the trained client at cohort position ``j``."""
         return {}
+
+    def hold(self, ctx: RoundContext, j: int) -> bool:
+        """True: keep the trained client at position ``j`` unpacked until :meth:`release`."""
+        return False
+
+    def release(self, ctx: RoundContext, held: list) -> None:
+        """Every rank, after its clients trained, before the held ones are packed.
+
+        ``held`` lists this rank's ``(j, slot, res)`` that some policy held. A policy may
+        call ``ctx.collective`` here (every rank calls this hook, held clients or not) and
+        set ``res.adjusted``, the update the server rule counts in place of ``res.delta``.
+        """
 
     def server_update(self, ctx: RoundContext, seg: dict[str, np.ndarray], scalars: dict[str, float]) -> None:
         """Rank 0, after the model update: update server-side state from the reduced sums."""

@@ -14,8 +14,11 @@ import torch
 
 from . import policies as pol
 from .disco import DiscoOptions, DiscoWeights
+from .feddyn import DynLocal, DynOptions, DynRule
+from .fedlga import LgaOptions, LgaRule
 from .gsnr import GsnrOptions, GsnrSteps
 from .server import AverageRule, NovaOptions, NovaRule
+from .straggler import StragglerOptions, StragglerSteps
 from .variates import Scaffold, VarianceReduction
 
 
@@ -43,6 +46,7 @@ LOCAL = {
     "prox": lambda b: [],
     "scaffold": lambda b: [Scaffold(b.num_local, b.num_params, b.device, b.dtype, b.num_clients)],
     "vr": lambda b: [VarianceReduction(b.num_local, b.num_params, b.device, b.dtype, b.num_clients)],
+    "dyn": lambda b: [DynLocal(b.options, b.num_local, b.num_params, b.device, b.dtype)],
 }
 STEPS = {
     "fixed": lambda b: pol.FixedSteps(_a(b).local_steps),
@@ -51,6 +55,9 @@ STEPS = {
                                                     _a(b).epoch_rounding),
     "client_steps": lambda b: pol.ClientSteps(b.options, b.cfg.run.seed),
     "gsnr": lambda b: GsnrSteps(b.options, _a(b).local_steps, b.num_params),
+    "straggler": lambda b: StragglerSteps(
+        b.options, _a(b).local_epochs if b.options.unit == "epoch" else _a(b).local_steps, _a(b).batch_size,
+        b.cfg.run.seed, b.num_clients, _a(b).epoch_rounding),
 }
 WEIGHTS = {
     "size": lambda b: pol.SizeWeights(),
@@ -60,6 +67,8 @@ WEIGHTS = {
 SERVER = {
     "average": lambda b: AverageRule(b.num_params, _a(b).sampling != "unbiased"),
     "nova": lambda b: NovaRule(b.options, b.num_params, _a(b).local == "prox", _a(b).sampling != "unbiased"),
+    "lga": lambda b: LgaRule(b.options, b.num_params, _a(b).sampling != "unbiased"),
+    "dyn": lambda b: DynRule(b.options, b.num_params, b.num_clients, _a(b).sampling != "unbiased"),
 }
 OPTIONS = {
     "random_epochs": pol.RandomEpochsOptions,
@@ -67,6 +76,9 @@ OPTIONS = {
     "nova": NovaOptions,
     "disco": DiscoOptions,
     "gsnr": GsnrOptions,
+    "straggler": StragglerOptions,
+    "lga": LgaOptions,
+    "dyn": DynOptions,
 }
 PRESETS = {
     "fedavg": {"local": "sgd", "weights": "size", "server": "average"},
@@ -75,6 +87,8 @@ PRESETS = {
     "fednova": {"local": "sgd", "weights": "size", "server": "nova"},
     "feddisco": {"local": "sgd", "weights": "disco", "server": "average"},
     "fedgsnr": {"local": "sgd", "weights": "size", "server": "average", "steps": "gsnr"},
+    "fedlga": {"local": "sgd", "weights": "uniform", "server": "lga"},
+    "feddyn": {"local": "dyn", "weights": "uniform", "server": "dyn"},
     "custom": {},
 }
 SLOTS = {"local": LOCAL, "steps": STEPS, "weights": WEIGHTS, "server": SERVER}

@@ -9,6 +9,10 @@ appendix (Wang et al. 2020, Alg. 1 and the two unbiased variants):
 - ``with_replacement``: q draws with probability proportional to the static weights
   (client sizes for ``weights = "size"``, equal for ``"uniform"``); a client drawn k times
   gets weight k/q.
+- ``with_replacement_draws``: the same q draws, but each draw is trained as its own
+  instance (same data, its own randomness, keyed by the draw) with weight 1/q: the
+  simple average of q updates of Li et al. (ICLR 2020), scheme I, which FedLGA's theory
+  uses. The cohort then lists a client once per draw.
 - ``unbiased``: q clients uniformly without replacement, p_i = w_i / sum_all w * N / q,
   and the server does not renormalise.
 
@@ -52,11 +56,14 @@ class Sampler:
         self.normalize = scheme != "unbiased"
 
     def cohort(self, rnd: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """(sorted unique cohort ids, draw counts or None)."""
+        """(sorted cohort ids, draw counts or None); ids are unique except under
+        ``with_replacement_draws``, which lists a client once per draw."""
         n = len(self.static)
-        if self.scheme == "with_replacement":
+        if self.scheme in ("with_replacement", "with_replacement_draws"):
             gen = rng.numpy_rng(self.seed, rng.COHORT, rnd)
             draws = gen.choice(n, size=self.q, replace=True, p=self.static / self.static.sum())
+            if self.scheme == "with_replacement_draws":
+                return np.sort(draws).astype(np.int64), None
             cohort, counts = np.unique(draws, return_counts=True)
             return cohort.astype(np.int64), counts
         return sample_cohort(self.seed, rnd, n, self.q), None
@@ -65,6 +72,8 @@ class Sampler:
         """Aggregation weights (k,) from the weights policy's values for the cohort."""
         if self.scheme == "with_replacement":
             return draws / self.q
+        if self.scheme == "with_replacement_draws":
+            return np.full(len(cohort), 1.0 / self.q)
         if self.scheme == "unbiased":
             return self.static[cohort] / self.static.sum() * len(self.static) / self.q
         return policy_weights

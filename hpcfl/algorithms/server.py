@@ -36,7 +36,8 @@ class AverageRule(Policy):
     def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
         return delta * weight
 
-    def aggregate(self, delta_sum: np.ndarray, s: dict) -> np.ndarray:
+    def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
+        """The aggregate update from the cohort sums (``seg``: every reduced segment, by name)."""
         return delta_sum / (s["weight"] if self.normalize else 1.0)
 
     def tau_eff(self, s: dict) -> float:
@@ -83,7 +84,7 @@ class NovaRule(Policy):
         num = s["weight_anorm"] if self.mode == "anorm" else s["weight_steps"]
         return num / s["weight"]
 
-    def aggregate(self, delta_sum: np.ndarray, s: dict) -> np.ndarray:
+    def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
         agg = delta_sum / (s["weight"] if self.normalize else 1.0)
         agg[: self.num_params] *= self.tau_eff(s)
         return agg

@@ -44,7 +44,11 @@ class GroupStats:
 
     @property
     def running(self) -> int:
-        return sum(r.status != "finished" for r in self.runs)
+        return sum(r.status not in ("finished", "diverged") for r in self.runs)
+
+    @property
+    def diverged(self) -> int:
+        return sum(r.status == "diverged" for r in self.runs)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -214,7 +218,8 @@ def _to_target_cell(g: GroupStats, name: str, style: str) -> str:
 
 
 def _status(g: GroupStats) -> str:
-    return "finished" if not g.running else f"{g.running} running"
+    parts = [f"{n} {what}" for n, what in ((g.running, "running"), (g.diverged, "diverged")) if n]
+    return ", ".join(parts) or "finished"
 
 
 def _paper_cell(g: GroupStats) -> str:

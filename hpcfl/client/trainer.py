@@ -34,6 +34,9 @@ class ClientResult:
         Mean mini-batch training loss over the local steps.
     samples : int
         Mini-batch samples processed (sum of batch sizes).
+    adjusted : numpy.ndarray, shape (L,), float64, or None
+        The update the server rule counts instead of ``delta``, when a policy's release
+        hook set one (FedLGA's approximation of the full update).
     """
 
     delta: torch.Tensor
@@ -41,6 +44,7 @@ class ClientResult:
     anorm: float
     loss: float
     samples: int
+    adjusted: np.ndarray | None = None
 
 
 class Trainer:

@@ -6,7 +6,8 @@ one row per round or per participating client; the file is flushed after every r
     /                      attrs: schema_version (2), config (JSON), config_sha256, run_id,
                                   versions (JSON: hpcfl, torch, ...), world_size, devices (JSON
                                   list, one per rank) of the latest segment, seed, status
-                                  ("running" | "finished"), resumed_at_round
+                                  ("running" | "finished" | "diverged"), resumed_at_round;
+                                  a diverged run also has diverged (true) and diverged_round
     /metrics/round                 int64    round number, 1-based: row r holds round r, measured
                                             after r rounds (the console's "round r/R")
     /metrics/train_loss            float64  weight-averaged mean local mini-batch loss
@@ -284,6 +285,16 @@ class ResultsWriter:
         self.file.attrs["status"] = "finished"
         self.file.flush()
 
+    def mark_diverged(self, round_: int) -> None:
+        """The run ended because round ``round_`` (from 1) made the model NaN or Inf: say so
+        in the file (status "diverged", ``diverged``, ``diverged_round``); the rounds before stay."""
+        self.file.close()     # SWMR allows no new attributes
+        self.file = _open(self.path, "r+", libver="latest")
+        self.file.attrs["status"] = "diverged"
+        self.file.attrs["diverged"] = True
+        self.file.attrs["diverged_round"] = int(round_)
+        self.file.flush()
+
     def _write_summaries(self) -> None:
         """``/clients_summary/<field>_<stat>`` (N,): a client's statistic over the rounds it took part in.
 
@@ -421,6 +432,13 @@ def status(path: Path) -> tuple[str, dict, str | None] | None:
                     None if rid is None else str(rid))
     except (OSError, ValueError):
         return "unreadable", {}, None
+
+
+def diverged_round(path: Path) -> int | None:
+    """The round (from 1) in which the run of ``path`` diverged, or None."""
+    with _open(Path(path), "r", swmr=True) as f:
+        r = f.attrs.get("diverged_round")
+        return None if r is None else int(r)
 
 
 def metric_rows(path: Path) -> list[dict]:

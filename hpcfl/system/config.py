@@ -77,6 +77,10 @@ class SystemOptions:
     deadline_s: Optional[float] = field(default=None, metadata={
         "gt": 0, "help": "round deadline, simulated seconds: clients run the steps that fit, or drop out; unset: no "
                          "deadline"})
+    truncate: str = field(default="step", metadata={
+        "choices": ("step", "epoch"),
+        "help": "a client cut by the deadline keeps the steps that fit (step) or only its whole local epochs "
+                "(epoch: multiples of ceil(n_i / B) steps)"})
     unavailability: float = field(default=0.0, metadata={
         "ge": 0, "le": 1, "help": "probability that a client is unavailable in a round"})
     slowdown_dist: str = field(default="none", metadata={

@@ -1,0 +1,98 @@
+"""FedDyn: dynamic regularisation (Acar et al., "Federated Learning Based on Dynamic
+Regularization", ICLR 2021, Alg. 1). docs/algorithms/feddyn.md.
+
+Client i, in a round with global model x^t, minimises
+
+    F_i(theta) - <grad_i, theta> + (alpha / 2) ||theta - x^t||^2
+
+where grad_i is its state (zero at the start), and afterwards sets
+grad_i <- grad_i - alpha (theta_i - x^t). The local solver does this with its proximal
+term (mu += alpha) and the correction -grad_i added to every step's gradient.
+
+The server keeps h (zero at the start) and, over the round's participants P_t,
+
+    h       <- h - (alpha / N) sum_{i in P_t} (theta_i - x^t)
+    x^{t+1}  = x^t + sum_i p_i (theta_i - x^t) / sum_i p_i - h / alpha
+
+(the mean of the local models minus h / alpha; p uniform in the paper, any weights
+policy here, e.g. FedDisco's). The sum in h is unweighted, as in the paper, so it
+travels in its own segment of the round's one reduction. Buffers (batch-norm
+statistics) are averaged as in FedAvg.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .protocol import ClientTable, Policy, Segment, ServerArray
+from .server import AverageRule
+
+
+@dataclass(frozen=True)
+class DynOptions:
+    """FedDyn's regularisation weight (``[algorithm.dyn]``, read by local and server)."""
+
+    alpha: float = field(default=0.01, metadata={
+        "gt": 0, "help": "FedDyn's alpha: the proximal weight of the local objective and the 1/alpha of the "
+                         "server's h"})
+
+
+class DynLocal(Policy):
+    """The client side: per-client gradient state grad_i (clients on rank, P), zero at start."""
+
+    def __init__(self, opts: DynOptions, num_local: int, num_params: int, device: torch.device,
+                 dtype: torch.dtype):
+        self.alpha = opts.alpha
+        self.prox = opts.alpha          # the solver adds alpha (x - x^t) to every gradient
+        self.num_local, self.num_params, self.device, self.dtype = num_local, num_params, device, dtype
+        self._rows: torch.Tensor | None = None   # allocated at first use
+
+    def _table(self) -> torch.Tensor:
+        if self._rows is None:
+            self._rows = torch.zeros(self.num_local, self.num_params, device=self.device, dtype=self.dtype)
+        return self._rows
+
+    def correction(self, slot: int) -> torch.Tensor:
+        """-grad_i: the linear term of the local objective."""
+        return -self._table()[slot]
+
+    def pack(self, ctx, j, slot, res, weight):
+        table = self._table()
+        table[slot] -= self.alpha * res.delta[: self.num_params].to(table.dtype)
+        return {}
+
+    def state(self) -> list:
+        def set_rows(rows):
+            self._table().copy_(torch.from_numpy(rows))
+
+        return [ClientTable("feddyn_grad", self.num_params, lambda: self._table().detach().cpu().numpy(), set_rows)]
+
+
+class DynRule(AverageRule):
+    """The server side: the weighted mean of the updates minus h / alpha; h on rank 0."""
+
+    def __init__(self, opts: DynOptions, num_params: int, num_clients: int, normalize: bool = True):
+        super().__init__(num_params, normalize)
+        self.alpha, self.num_clients = opts.alpha, num_clients
+        self.h = np.zeros(num_params, dtype=np.float64)
+
+    def segments(self) -> list[Segment]:
+        return [Segment("dyn_delta", self.num_params)]
+
+    def pack(self, ctx, j, slot, res, weight):
+        return {"dyn_delta": res.delta[: self.num_params].double().cpu().numpy()}
+
+    def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
+        self.h = self.h - (self.alpha / self.num_clients) * seg["dyn_delta"]
+        agg = super().aggregate(delta_sum, s)
+        agg[: self.num_params] -= self.h / self.alpha
+        return agg
+
+    def state(self) -> list:
+        def set_h(value):
+            self.h = np.array(value, dtype=np.float64, copy=True)
+
+        return [ServerArray("feddyn_h", lambda: self.h, set_h)]

@@ -1,0 +1,271 @@
+"""FedLGA: the server approximates the full update of clients that could not finish.
+
+Li et al., "FedLGA: Towards System-Heterogeneity of Federated Learning via Local Gradient
+Approximation" (arXiv 2112.11989; IEEE Trans. Cybernetics 2024). docs/algorithms/fedlga.md
+gives the equations and the readings chosen where the paper is ambiguous.
+
+With D_i = x_i - x^t the update of client i (a displacement), S_i its executed local steps,
+the complete clients K2 = {i : steps_i = full_steps_i} and their mean
+Dbar = sum_{K2} p_j D_j / sum_{K2} p_j, every incomplete client's update is replaced by
+
+    D~_i = D_i + lam * G_i (Dbar + sigma * D_i),      g_i = D_i / (lr * S_i)   (avg_update)
+
+with G_i = g_i g_i^T applied as g_i (g_i . v) (``hessian = "rank1"``, never an n x n matrix)
+or diag(g_i * g_i) (``"diag"``), sigma = +1 for the paper's Table I sign reading
+(``variant = "A_table1"``, the default: it extends slow updates) and -1 for the
+Algorithm 1 reading (``"B_alg1"``: it shrinks them). Then the server averages
+sum_i p_i D~_i / sum_i p_i as FedAvg does (and the server optimizer applies server_lr,
+the paper's eta_g). Under rank1 + avg_update, D~_i = alpha_i D_i with
+alpha_i = 1 + lam (D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2.
+
+Reductions (all exact):
+
+- rank1 (and diag with ``corr_clip_ratio``): two. Every rank holds its slow clients'
+  results; one sum of [p D | p] over the complete clients gives Dbar on every rank
+  (``release``); the owning rank corrects its slow clients, which then join the round's
+  one training reduction. alpha_i is gathered for the records.
+- diag: one, fused. A slow client adds p g*g and p g*g*D to two extra segments, the
+  complete ones [p D | p] to a third; rank 0 adds lam [(sum p g*g) * Dbar + sigma sum p g*g*D].
+
+A round with no complete client is a FedAvg round (``lga_no_full`` records it).
+Buffers (batch-norm statistics) are averaged as in FedAvg, never corrected.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .protocol import Field, Policy, Segment, ServerArray
+from .server import AverageRule
+
+
+@dataclass(frozen=True)
+class LgaOptions:
+    """FedLGA's server correction (``[algorithm.lga]``)."""
+
+    variant: str = field(default="A_table1", metadata={
+        "choices": ("A_table1", "B_alg1"),
+        "help": "sign reading of the paper: A_table1 extends slow updates (D + G(Dbar + D)), B_alg1 shrinks them "
+                "(D + G(Dbar - D))"})
+    hessian: str = field(default="rank1", metadata={
+        "choices": ("rank1", "diag"),
+        "help": "Hessian estimate: rank1 = g g^T (two reductions a round), diag = diag(g g^T) (one fused reduction)"})
+    grad_proxy: str = field(default="avg_update", metadata={
+        "choices": ("avg_update", "raw_update"),
+        "help": "the gradient inside G: avg_update = D_i / (lr S_i), raw_update = D_i"})
+    lam: float = field(default=1.0, metadata={
+        "ge": 0, "help": "scale lambda of the correction; 1 is the paper's, 0 gives FedAvg"})
+    alpha_min: Optional[float] = field(default=None, metadata={
+        "help": "rank1 only: clip alpha_i (D~_i = alpha_i D_i along D_i) from below; unset: no clip"})
+    alpha_max: Optional[float] = field(default=None, metadata={
+        "help": "rank1 only: clip alpha_i from above; unset: no clip"})
+    alpha_max_extrapolate: bool = field(default=False, metadata={
+        "help": "rank1 only: clip alpha_i at full_steps_i / S_i, the linear extrapolation to the full work"})
+    corr_clip_ratio: Optional[float] = field(default=None, metadata={
+        "gt": 0, "help": "diag only: scale each correction to norm <= ratio * ||D_i|| (needs the two-reduction "
+                         "path); unset: no clip"})
+
+    def validate(self):
+        p = []
+        rank1_only = [k for k in ("alpha_min", "alpha_max") if getattr(self, k) is not None]
+        if self.alpha_max_extrapolate:
+            rank1_only.append("alpha_max_extrapolate")
+        if self.hessian == "diag" and rank1_only:
+            p.append(f"{', '.join(rank1_only)} clip alpha_i of hessian = 'rank1'; with 'diag' use corr_clip_ratio")
+        if self.hessian == "rank1" and self.corr_clip_ratio is not None:
+            p.append("corr_clip_ratio is for hessian = 'diag'; with 'rank1' clip alpha_min / alpha_max")
+        if self.alpha_min is not None and self.alpha_max is not None and self.alpha_min > self.alpha_max:
+            p.append(f"alpha_min = {self.alpha_min} exceeds alpha_max = {self.alpha_max}")
+        return p
+
+    @property
+    def sigma(self) -> float:
+        return 1.0 if self.variant == "A_table1" else -1.0
+
+
+def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: float,
+            opts: LgaOptions) -> tuple[np.ndarray, float]:
+    """One slow client's approximated full update and its alpha (NaN for diag).
+
+    Parameters
+    ----------
+    D : (P,) float64
+        The client's update over the parameters.
+    steps, full_steps : int
+        S_i, the steps it ran, and the steps of the full local work.
+    dbar : (P,) float64
+        The complete clients' mean update.
+    lr : float
+        The round's client learning rate.
+
+    Returns
+    -------
+    (P,) float64 D~_i, and alpha_i = 1 + corr . D / ||D||^2 (the scale along D_i; rank1).
+    Costs O(P) time and memory.
+    """
+    # At most three (P,) temporaries live at once (g, v or corr, the result): memory O(P).
+    g = D / (lr * steps) if opts.grad_proxy == "avg_update" else D
+    v = opts.sigma * D
+    v += dbar
+    dd = float(D @ D)
+    if opts.hessian == "rank1":
+        coef = opts.lam * float(g @ v)
+        del v
+        corr = coef * g
+        alpha = 1.0 + float(corr @ D) / dd if dd > 0 else 1.0
+        lo = opts.alpha_min if opts.alpha_min is not None else -np.inf
+        hi = opts.alpha_max if opts.alpha_max is not None else np.inf
+        if opts.alpha_max_extrapolate:
+            hi = min(hi, full_steps / steps)
+        if not lo <= alpha <= hi:
+            alpha = float(np.clip(alpha, lo, hi))
+            corr = (alpha - 1.0) * D
+        return D + corr, alpha
+    corr = g * g
+    corr *= v
+    corr *= opts.lam
+    del v
+    if opts.corr_clip_ratio is not None:
+        cap, norm = opts.corr_clip_ratio * np.sqrt(dd), float(np.linalg.norm(corr))
+        if norm > cap:
+            corr *= cap / norm
+    return D + corr, float("nan")
+
+
+class LgaRule(AverageRule):
+    """The FedLGA server rule: FedAvg's weighted mean of the corrected updates.
+
+    Parameters
+    ----------
+    opts : LgaOptions
+    num_params : int
+        P, the trainable prefix of the flat update (buffers are never corrected).
+    normalize : bool
+        Divide by the cohort's weight sum (False under unbiased sampling).
+    """
+
+    client_fields = {
+        "lga_alpha": Field(np.float64, "1", "FedLGA's scale alpha_i of a slow client's update (rank1); NaN for "
+                                            "complete clients and for hessian = 'diag'"),
+    }
+    round_fields = {
+        "lga_no_full": Field(np.int64, "1", "1 when no complete client reported, so the round was plain FedAvg"),
+        "lga_no_full_rounds": Field(np.int64, "rounds", "rounds without a complete client so far"),
+        "lga_corrected": Field(np.int64, "clients", "slow clients whose update the server corrected"),
+        "lga_time_s": Field(np.float64, "s", "seconds rank 0 spent computing the correction (without waiting "
+                                             "in collectives)"),
+    }
+
+    def __init__(self, opts: LgaOptions, num_params: int, normalize: bool = True):
+        super().__init__(num_params, normalize)
+        self.opts = opts
+        self.fused = opts.hessian == "diag" and opts.corr_clip_ratio is None
+        self.no_full_rounds = 0
+        self._full_rows: list[np.ndarray] = []
+        self._round = {}
+
+    # ---- which clients the correction concerns --------------------------------------
+    @staticmethod
+    def _slow(ctx, j: int) -> bool:
+        return bool(ctx.steps[j] < ctx.full_steps[j])
+
+    def segments(self) -> list[Segment]:
+        if not self.fused:
+            return []
+        P = self.num_params
+        return [Segment("lga_full", P + 1), Segment("lga_gg", P + 1), Segment("lga_ggd", P)]
+
+    def hold(self, ctx, j) -> bool:
+        return not self.fused and self._slow(ctx, j)
+
+    def pack(self, ctx, j, slot, res, weight):
+        if self._slow(ctx, j) and not self.fused:
+            return {}            # a held client, packed after release with its corrected update
+        D = res.delta[: self.num_params].double().cpu().numpy()
+        if not self._slow(ctx, j):
+            row = np.append(D * weight, weight)
+            if self.fused:
+                return {"lga_full": row}
+            self._full_rows.append(row)
+            return {}
+        g = D / (ctx.lr * res.steps) if self.opts.grad_proxy == "avg_update" else D
+        gg = weight * g * g
+        return {"lga_gg": np.append(gg, weight), "lga_ggd": gg * D}
+
+    # ---- two-reduction path: Dbar first, then the corrected slow updates ----------------
+    def release(self, ctx, held) -> None:
+        self._round = {"alpha": None, "corrected": 0, "time": 0.0, "no_full": 0}
+        if self.fused:
+            return
+        P = self.num_params
+        complete = int(np.count_nonzero((ctx.steps > 0) & (ctx.steps >= ctx.full_steps)))
+        sums = ctx.collective.sum("lga_full", self._full_rows, P + 1, max(complete, 1))
+        self._full_rows = []
+        t0 = time.perf_counter()
+        alpha = np.full(len(ctx.mine), np.nan)
+        slow_total = int(np.count_nonzero((ctx.steps > 0) & (ctx.steps < ctx.full_steps)))
+        if sums[P] > 0:
+            dbar = sums[:P] / sums[P]
+            where = {int(j): i for i, j in enumerate(ctx.mine)}
+            for j, _, res in held:
+                D = res.delta[:P].double().cpu().numpy()
+                new, a = correct(D, res.steps, int(ctx.full_steps[j]), dbar, ctx.lr, self.opts)
+                adjusted = res.delta.double().cpu().numpy()
+                adjusted[:P] = new
+                res.adjusted = adjusted
+                alpha[where[j]] = a
+            self._round["corrected"] = slow_total
+        elif slow_total:
+            self._round["no_full"] = 1
+            ctx.log(f"FedLGA: none of the {slow_total} reporting clients finished its local work; "
+                    f"this round averages the updates as FedAvg")
+        self._round["time"] = time.perf_counter() - t0
+        if self.opts.hessian == "rank1":
+            self._round["alpha"] = ctx.collective.gather("lga_alpha", ctx.mine, alpha, len(ctx.cohort))[:, 0]
+
+    # ---- server -------------------------------------------------------------------------
+    def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
+        agg = super().aggregate(delta_sum, s)
+        return agg if not self.fused else agg + self._fused_correction(delta_sum, s, seg)
+
+    def _fused_correction(self, delta_sum: np.ndarray, s: dict, seg: dict) -> np.ndarray:
+        """lam [(sum p g*g) * Dbar + sigma sum p g*g*D] / sum p, from the one fused reduction."""
+        P = self.num_params
+        t0 = time.perf_counter()
+        out = np.zeros_like(delta_sum)
+        full, gg = seg["lga_full"], seg["lga_gg"]
+        if full[P] > 0:
+            dbar = full[:P] / full[P]
+            out[:P] = self.opts.lam * (gg[:P] * dbar + self.opts.sigma * seg["lga_ggd"])
+            out[:P] /= s["weight"] if self.normalize else 1.0
+        elif gg[P] > 0:          # slow clients reported, none complete: a FedAvg round
+            self._round["no_full"] = 1
+        self._round["time"] = time.perf_counter() - t0
+        return out
+
+    def server_update(self, ctx, seg, scalars) -> None:
+        if self._round.get("no_full"):
+            self.no_full_rounds += 1
+
+    # ---- records and state ----------------------------------------------------------------
+    def client_records(self, ctx) -> dict:
+        alpha = self._round.get("alpha")
+        return {"lga_alpha": alpha if alpha is not None else np.full(len(ctx.cohort), np.nan)}
+
+    def round_records(self, ctx) -> dict:
+        corrected = self._round.get("corrected", 0)
+        if self.fused and not self._round.get("no_full"):
+            corrected = int(np.count_nonzero((ctx.steps > 0) & (ctx.steps < ctx.full_steps)))
+        return {"lga_no_full": int(self._round.get("no_full", 0)), "lga_no_full_rounds": self.no_full_rounds,
+                "lga_corrected": corrected, "lga_time_s": float(self._round.get("time", 0.0))}
+
+    def state(self) -> list:
+        def set_count(v):
+            self.no_full_rounds = int(np.asarray(v).reshape(-1)[0])
+
+        return [ServerArray("lga_no_full_rounds", lambda: np.array([self.no_full_rounds], dtype=np.int64),
+                            set_count, broadcast=False)]
