@@ -27,7 +27,9 @@ from .sampling import STATIC_WEIGHTS, Sampler
 from .server import ServerOptimizer
 from .variates import server_momentum_state
 
-SCALARS = ("weight", "weight_steps", "weight_anorm", "weight_loss", "count", "samples")
+# "nonfinite" counts contributions whose server-side adjustment (FedLGA's correction) overflowed: the exact
+# sum cannot take NaN or Inf, so such a row carries only this flag and rank 0 ends the run as diverged.
+SCALARS = ("weight", "weight_steps", "weight_anorm", "weight_loss", "count", "samples", "nonfinite")
 
 
 class Layout:
@@ -195,11 +197,15 @@ class Algorithm:
         full update), else the update itself; every other policy sees the real ``res.delta``.
         """
         delta = res.adjusted if res.adjusted is not None else res.delta.double().cpu().numpy()
+        if res.adjusted is not None and not np.isfinite(res.adjusted).all():
+            flag = np.zeros(len(SCALARS))
+            flag[SCALARS.index("nonfinite")] = 1.0
+            return self.layout.row({"scalars": flag})
         parts = {"delta": self.rule.contribution(delta, weight, res.anorm)}
         for p in self.policies:
             parts.update(p.pack(ctx, j, slot, res, weight))
         parts["scalars"] = np.array(
-            [weight, weight * res.steps, weight * res.anorm, weight * res.loss, 1.0, res.samples]
+            [weight, weight * res.steps, weight * res.anorm, weight * res.loss, 1.0, res.samples, 0.0]
         )
         return self.layout.row(parts)
 
@@ -207,6 +213,8 @@ class Algorithm:
         """Rank 0: new global model from the reduced sums, server state, round diagnostics."""
         seg = self.layout.split(sums)
         s = dict(zip(SCALARS, seg["scalars"]))
+        if s["nonfinite"]:             # an adjusted update overflowed: the engine stops the run as diverged
+            return np.full_like(x, np.nan), {"tau_eff": float("nan")}
         if s["weight"] == 0:           # nobody reported (all dropped): keep the model
             return x, {"tau_eff": float("nan")}
         agg = self.rule.aggregate(seg["delta"], s, seg)
