@@ -6,6 +6,7 @@ Every dataset here is a pure function of its options and the run seed:
 * ``gaussian_mixture``: GMM-10, a 10-class Gaussian mixture for small-scale FedGSNR checks.
 * ``digits``: scikit-learn's bundled 8x8 digits (no download).
 * ``synthetic_images``: the CIFAR-shaped benchmark workload W (docs/workloads.md), bit-exact for seed 0.
+* ``lga_synthetic``: the nonlinear 10-class data of the FedLGA sanity experiment (bench/fedlga_d3.py).
 """
 
 from __future__ import annotations
@@ -317,6 +318,45 @@ def load_synthetic_images_labels(opts: SyntheticImagesOptions, root: str | None,
     )
 
 
+# ---------------------------------------------------------------- FedLGA sanity data
+
+
+@dataclass(frozen=True)
+class LgaSyntheticOptions:
+    num_train: int = field(default=4000, metadata={"gt": 0, "help": "training samples"})
+    num_test: int = field(default=2000, metadata={"gt": 0, "help": "test samples"})
+    dim: int = field(default=32, metadata={"gt": 0, "help": "input dimension d"})
+    num_classes: int = field(default=10, metadata={"ge": 2, "help": "number of classes C"})
+    noise: float = field(default=1.2, metadata={
+        "ge": 0, "help": "std of the Gaussian noise around a sample's class mean, before the nonlinear map"})
+    seed_offset: int = field(default=1000, metadata={
+        "help": "drawn from default_rng(run.seed + seed_offset); 1000 is the FedLGA sanity experiment's "
+                "default_rng(1000 + seed)"})
+
+
+def load_lga_synthetic(opts: LgaSyntheticOptions, root: str | None, seed: int) -> Dataset:
+    """The synthetic data of FedLGA's sanity experiment, drawn from ``default_rng(seed + seed_offset)``.
+
+    In order from that one generator: class means mu ~ N(0, 1) (C, d), a mixing matrix
+    W ~ N(0, 1) / sqrt(d) (d, d), then the training set, then the test set, each as
+    y ~ U{0..C-1}, z = mu[y] + noise * N(0, I), x = tanh(z W) + 0.1 z. Computed in float64 and
+    stored as float32, so the class structure is nonlinear but the labels stay recoverable.
+    """
+    rng = np.random.default_rng(seed + opts.seed_offset)
+    c, d = opts.num_classes, opts.dim
+    means = rng.normal(0, 1.0, (c, d))
+    mix = rng.normal(0, 1.0, (d, d)) / np.sqrt(d)
+
+    def gen(n):
+        y = rng.integers(0, c, n)
+        z = means[y] + rng.normal(0, opts.noise, (n, d))
+        return (np.tanh(z @ mix) + 0.1 * z).astype(np.float32), y.astype(np.int64)
+
+    (xtr, ytr), (xte, yte) = gen(opts.num_train), gen(opts.num_test)
+    return Dataset(name="lga_synthetic", x_train=xtr, y_train=ytr, x_test=xte, y_test=yte, num_classes=c,
+                   input_shape=(d,))
+
+
 def check_arrays(name: str, x: np.ndarray, y: np.ndarray, what: str) -> None:
     """Raise DataError unless x has one row per label and labels are non-negative."""
     if x.shape[0] != y.shape[0]:
@@ -336,6 +376,9 @@ EMBEDDED = {
     "synthetic_images": DatasetSpec(
         SyntheticImagesOptions, load_synthetic_images, "CIFAR-shaped class-mean images plus noise (bench W)",
         load_synthetic_images_labels,
+    ),
+    "lga_synthetic": DatasetSpec(
+        LgaSyntheticOptions, load_lga_synthetic, "FedLGA sanity data: 10 classes, tanh-mixed 32-d Gaussians"
     ),
 }
 
