@@ -118,7 +118,10 @@ def prepare(cfg, comm) -> Setup:
 
 
 def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(accuracy, mean loss) of the current model on (x, y); valid on rank 0.
+    """(accuracy, mean loss) of the current model on (x, y), the same on every rank.
+
+    A model whose outputs hold NaN or Inf on any chunk gives (NaN, inf): the loop then
+    ends the run as diverged.
 
     Chunks of ``eval_batch_size`` samples are dealt to ranks round-robin; their counts
     and loss sums are reduced exactly, so the result does not depend on the rank count.
@@ -126,12 +129,14 @@ def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     n = x.shape[0]
     bs = s.cfg.runtime.eval_batch_size
     chunks = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
-    acc = ExactSum(3)
+    acc = ExactSum(4)
     for row in evaluate_chunks(s.model, x, y, chunks[s.comm.rank :: s.comm.size]):
-        acc.add(row)
-    tot = acc.reduce(s.comm, total=len(chunks), root=0)
-    if tot is None:
-        return float("nan"), float("nan")
+        # A finite model can still overflow in its forward pass (a diverging run in float32):
+        # such a chunk is counted, not summed, and every rank learns of it from the sum.
+        acc.add(np.append(row, 0.0) if np.isfinite(row).all() else np.array([0.0, 0.0, 0.0, 1.0]))
+    tot = acc.reduce(s.comm, total=len(chunks), root=None)
+    if tot[3]:
+        return float("nan"), float("inf")
     has_accuracy = getattr(s.model.module, "loss", None) is None
     return (tot[0] / tot[2] if has_accuracy else float("nan")), tot[1] / tot[2]
 
@@ -145,14 +150,15 @@ class GuardStop(Exception):
 
 
 class Diverged(Exception):
-    """Raised on every rank together when the server's new model holds NaN or Inf.
+    """Raised on every rank together when the server's new model, or its outputs on the
+    evaluation data, hold NaN or Inf.
 
     ``round`` (from 1) is the round whose update diverged; nothing of it is applied.
     """
 
-    def __init__(self, round_: int):
-        super().__init__(f"the global model became NaN or Inf in round {round_} (diverged); the run stopped "
-                         f"there: lower algorithm.lr, or bound the updates with guard.max_norm")
+    def __init__(self, round_: int, what: str = "the global model"):
+        super().__init__(f"{what} became NaN or Inf in round {round_} (diverged); the run stopped there: lower "
+                         f"algorithm.lr, or bound the updates with guard.max_norm")
         self.round = round_
 
 
@@ -261,6 +267,8 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
             if train_eval is not None:
                 train_acc, train_loss = evaluate(s, *train_eval)
+            if np.isinf(test_loss) or np.isinf(train_loss):   # the same verdict on every rank
+                raise Diverged(rnd + 1, "the global model's outputs")
         t4 = time.perf_counter()
 
         if comm.rank == 0:

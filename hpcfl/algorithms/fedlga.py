@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+import torch
 
 from .protocol import Field, Policy, Segment, ServerArray
 from .server import AverageRule
@@ -214,7 +215,9 @@ class LgaRule(AverageRule):
             for j, _, res in held:
                 D = res.delta[:P].double().cpu().numpy()
                 new, a = correct(D, res.steps, int(ctx.full_steps[j]), dbar, ctx.lr, self.opts)
-                adjusted = res.delta.double().cpu().numpy()
+                # a copy: for a float64 CPU update .double().cpu().numpy() is a view of res.delta, which
+                # SCAFFOLD or FedDyn must still see as the client's real update
+                adjusted = res.delta.detach().to("cpu", torch.float64).numpy().copy()
                 adjusted[:P] = new
                 res.adjusted = adjusted
                 alpha[where[j]] = a
