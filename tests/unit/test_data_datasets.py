@@ -99,3 +99,54 @@ def test_digits():
     assert not np.array_equal(per.x_test, other.x_test)
     with pytest.raises(ConfigError, match="data.digits"):
         load_dataset("digits", build("digits", {"test_per_class": 500}), None, 0)
+
+
+def test_lga_synthetic_shapes_dtypes_labels():
+    """Defaults give the FedLGA sanity experiment's sizes (4000 train, 2000 test, d = 32, 10 classes),
+    float32 inputs and int64 labels in 0..C-1; the options reshape it (C = 3 means labels 0..2 only)."""
+    ds = load_dataset("lga_synthetic", None, None, 0)
+    assert ds.x_train.shape == (4000, 32) and ds.x_test.shape == (2000, 32)
+    assert ds.x_train.dtype == np.float32 and ds.x_test.dtype == np.float32
+    assert ds.y_train.dtype == np.int64 and ds.y_test.dtype == np.int64
+    assert ds.input_shape == (32,) and ds.num_classes == 10 and ds.natural_clients is None
+    assert np.array_equal(np.unique(ds.y_train), np.arange(10)) and np.array_equal(np.unique(ds.y_test), np.arange(10))
+    assert np.isfinite(ds.x_train).all() and np.isfinite(ds.x_test).all()
+    small = load_dataset("lga_synthetic", build("lga_synthetic", {"num_train": 50, "num_test": 7, "dim": 5,
+                                                                  "num_classes": 3}), None, 0)
+    assert small.x_train.shape == (50, 5) and small.x_test.shape == (7, 5) and small.input_shape == (5,)
+    assert small.y_train.min() >= 0 and small.y_train.max() <= 2 and small.num_classes == 3
+
+
+def test_lga_synthetic_seeded():
+    """The data is a pure function of run.seed + seed_offset: the same seed repeats bit for bit, another
+    seed gives other data, and (seed 1, offset 999) is (seed 0, offset 1000) since only the sum is used."""
+    a = load_dataset("lga_synthetic", None, None, 0)
+    b = load_dataset("lga_synthetic", None, None, 0)
+    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_test, b.y_test)
+    c = load_dataset("lga_synthetic", None, None, 1)
+    assert not np.array_equal(a.x_train, c.x_train) and not np.array_equal(a.y_train, c.y_train)
+    d = load_dataset("lga_synthetic", build("lga_synthetic", {"seed_offset": 999}), None, 1)
+    assert np.array_equal(a.x_train, d.x_train) and np.array_equal(a.x_test, d.x_test)
+
+
+def test_D3_lga_synthetic_recipe():
+    """Recompute the first training and the first test sample from default_rng(1000 + seed) in the
+    sanity script's draw order (means, mixing matrix, train labels, train noise, then the test set):
+    x = tanh(z W) + 0.1 z with z = mu[y] + 1.2 n. Agreement to float32 rounding proves the order,
+    the scales (1/sqrt(d) on W, 1.2 on the noise) and that the test set comes after the train set."""
+    seed = 3
+    ds = load_dataset("lga_synthetic", None, None, seed)
+    rng = np.random.default_rng(1000 + seed)
+    mu = rng.normal(0, 1.0, (10, 32))
+    w = rng.normal(0, 1.0, (32, 32)) / np.sqrt(32)
+    sample = []
+    for n in (4000, 2000):
+        y = rng.integers(0, 10, n)
+        z = mu[y[0]] + rng.normal(0, 1.2, (n, 32))[0]
+        sample.append((y[0], np.tanh(z @ w) + 0.1 * z))
+    (y_tr, x_tr), (y_te, x_te) = sample
+    assert ds.y_train[0] == y_tr and ds.y_test[0] == y_te
+    np.testing.assert_allclose(ds.x_train[0], x_tr, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(ds.x_test[0], x_te, rtol=0, atol=1e-6)
+    # the 0.1 z skip term keeps x informative beyond tanh's range (|tanh| < 1)
+    assert np.abs(ds.x_train).max() > 1.0
