@@ -28,6 +28,7 @@ test-unit:
 test-mpi:
 	$(MPIEXEC) -n 2 $(PYTEST_MPI) tests/mpi
 	$(MPIEXEC) -n 3 $(PYTEST_MPI) tests/mpi
+	$(MPIEXEC) -n 4 $(PYTEST_MPI) tests/mpi/test_equivalence.py tests/mpi/test_fedlga_mpi.py -k "lga or dyn"
 
 bench:
 	$(PY) bench/reduce_bench.py

@@ -263,14 +263,17 @@ class Collectives:
         summed, so they arrive bit for bit.
         """
         self.calls.append(name)
-        values = np.asarray(values, dtype=np.float64).reshape(len(positions), -1)
+        values = np.asarray(values, dtype=np.float64)
+        # a rank that owns none of the positions (common: K clients over many ranks) sends a (0, 0) block
+        values = values.reshape(len(positions), -1) if len(positions) else np.zeros((0, 0))
         parts = self.comm.allgather((np.asarray(positions, dtype=np.int64), values))
-        width = max((v.shape[1] for _, v in parts if v.size), default=values.shape[1])
+        width = max((v.shape[1] for _, v in parts if v.size), default=1)
         out = np.full((k, width), np.nan)
         seen = np.zeros(k, dtype=np.int64)
         for pos, vals in parts:
-            out[pos] = vals
-            seen[pos] += 1
+            if len(pos):
+                out[pos] = vals
+                seen[pos] += 1
         if np.any(seen != 1):
             raise RuntimeError(f"collective {name!r}: positions {np.flatnonzero(seen != 1).tolist()} were not "
                                f"given by exactly one rank")

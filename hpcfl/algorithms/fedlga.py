@@ -157,7 +157,7 @@ class LgaRule(AverageRule):
         "lga_no_full": Field(np.int64, "1", "1 when no complete client reported, so the round was plain FedAvg"),
         "lga_no_full_rounds": Field(np.int64, "rounds", "rounds without a complete client so far"),
         "lga_corrected": Field(np.int64, "clients", "slow clients whose update the server corrected"),
-        "lga_time_s": Field(np.float64, "s", "seconds rank 0 spent computing the correction (without waiting "
+        "time_lga": Field(np.float64, "s", "seconds rank 0 spent computing the correction (without waiting "
                                              "in collectives)"),
     }
 
@@ -264,7 +264,7 @@ class LgaRule(AverageRule):
         if self.fused and not self._round.get("no_full"):
             corrected = int(np.count_nonzero((ctx.steps > 0) & (ctx.steps < ctx.full_steps)))
         return {"lga_no_full": int(self._round.get("no_full", 0)), "lga_no_full_rounds": self.no_full_rounds,
-                "lga_corrected": corrected, "lga_time_s": float(self._round.get("time", 0.0))}
+                "lga_corrected": corrected, "time_lga": float(self._round.get("time", 0.0))}
 
     def state(self) -> list:
         def set_count(v):

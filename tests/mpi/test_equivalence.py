@@ -44,6 +44,39 @@ CASES = {
     "system_deadline": {"algorithm.name": "fednova", "algorithm.local_steps": 20, "system.enabled": True,
                         "system.compute_dist": "lognormal", "system.compute_s": 0.05, "system.compute_sigma": 1.0,
                         "system.uplink_mbps": 1.0, "system.deadline_s": 0.6, "system.unavailability": 0.2},
+    # FedLGA and FedDyn under the straggler steps policy (FedLGA spec C1, C3), 3-4 rounds. Slow clients in
+    # every round: round(0.5 * 5) = 3 per round, or 4 of the 7 clients with assignment = 'fixed'; in the
+    # epoch cases tau_min = tau_max = 2, so no slow client finishes (and B = 64 keeps epochs short). The
+    # held clients of rank1 and of the clipped diag (two reductions) and the fused diag segments all cross
+    # ranks; with_replacement_draws leaves a rank with no cohort member in some round.
+    "fedlga_rank1": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
+                     "algorithm.local_steps": 0, "algorithm.local_epochs": 2, "algorithm.batch_size": 64,
+                     "algorithm.straggler.tau_max": 2, "algorithm.straggler.tau_min": 2},
+    "fedlga_B_alg1_diag_fused": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
+                                 "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
+                                 "algorithm.straggler.tau_max": 4, "algorithm.straggler.tau_min": 2,
+                                 "algorithm.lga.variant": "B_alg1", "algorithm.lga.hessian": "diag"},
+    "fedlga_diag_corr_clip": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
+                              "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
+                              "algorithm.straggler.tau_max": 4, "algorithm.lga.hessian": "diag",
+                              "algorithm.lga.corr_clip_ratio": 0.5},
+    "fedlga_fixed_step": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 4,
+                          "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
+                          "algorithm.straggler.tau_max": 4, "algorithm.straggler.assignment": "fixed"},
+    "fedlga_with_replacement_draws": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 4,
+                                      "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
+                                      "algorithm.straggler.tau_max": 4,
+                                      "algorithm.sampling": "with_replacement_draws"},
+    "fedlga_round_robin_placement": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
+                                     "algorithm.local_steps": 0, "algorithm.local_epochs": 2,
+                                     "algorithm.batch_size": 64, "algorithm.straggler.tau_max": 2,
+                                     "algorithm.straggler.tau_min": 2, "runtime.placement": "round_robin"},
+    "feddyn_straggler": {"algorithm.name": "feddyn", "algorithm.steps": "straggler", "run.rounds": 3,
+                         "algorithm.local_steps": 0, "algorithm.local_epochs": 2, "algorithm.batch_size": 64,
+                         "algorithm.straggler.tau_max": 2, "algorithm.straggler.tau_min": 2},
+    "feddyn_disco_straggler": {"algorithm.name": "feddyn", "algorithm.weights": "disco",
+                               "algorithm.steps": "straggler", "run.rounds": 3, "algorithm.straggler.unit": "step",
+                               "algorithm.local_steps": 6, "algorithm.straggler.tau_max": 4},
 }
 
 
