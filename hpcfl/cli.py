@@ -147,7 +147,6 @@ def _plan_run(cfg, out: Path, args) -> Plan:
                                                               f"round 1"])
     if state == "finished" and loaded.round >= cfg.run.rounds:
         return Plan("done", run_id, ckpt_dir, loaded, notes)
-
     return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (written "
                                                              f"after round {loaded.round})"])
 

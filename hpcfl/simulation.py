@@ -247,16 +247,16 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
 
         # 6. server update and controllers on rank 0; broadcast model, server state, decisions
         control.phase("server", rnd)
-        diag, decisions, finite = {}, None, True
+        diag, verdict = {}, None
         if comm.rank == 0:
             x, diag = algo.server_step(ctx, x, sums)
-            decisions = algo.control(ctx, sums)
-            finite = bool(np.isfinite(x).all())
-        if not comm.bcast(finite, root=0):   # the last good checkpoint stays; rank 0 records the round
+            verdict = (bool(np.isfinite(x).all()), algo.control(ctx, sums))
+        finite, decisions = comm.bcast(verdict, root=0)   # one broadcast: the divergence check rides along
+        if not finite:   # nothing of this round is kept; the last checkpoint stays valid
             raise Diverged(rnd + 1)
         comm.Bcast(x, root=0)
         algo.broadcast_state(comm)
-        algo.receive(comm.bcast(decisions, root=0))
+        algo.receive(decisions)
         t3 = time.perf_counter()
 
         # 7. evaluation (test chunks split over ranks), then rank 0 records the round
