@@ -82,7 +82,7 @@ def test_printed_job_has_every_default_and_help_before_each_key(capsys):
     i = lines.index("lr = 0.05")
     assert lines[i - 1] == "# client learning rate of the local SGD steps (before any lr schedule)"
     j = lines.index('sampling = "uniform"')
-    assert lines[j - 1].endswith("[uniform | with_replacement | unbiased]")
+    assert lines[j - 1].endswith("[uniform | with_replacement | with_replacement_draws | unbiased]")
     assert "# root = (unset)" in lines                  # None: commented out, the help above it
     assert "downlink_mbps = inf" in lines               # a [system] default the job never mentions
     assert "[data.dirichlet]  # partition: class-wise Dirichlet (NIID-Bench noniid-labeldir, FedNova, FedDisco " \
@@ -119,9 +119,9 @@ def test_defaults_algorithm_lists_lr_with_default_type_and_help(capsys):
     row = next(line for line in lines if line.startswith("lr = "))
     assert row.split() == ["lr", "=", "0.05", "number,", ">", "0"]
     assert lines[lines.index(row) + 1] == "client learning rate of the local SGD steps (before any lr schedule)"
-    assert any(line.startswith("local = (unset)") and line.endswith("one of: sgd | prox | scaffold | vr, or unset")
-               for line in lines)
-    assert "random_epochs, client_steps, nova, disco, gsnr" in lines   # its component tables
+    assert any(line.startswith("local = (unset)")
+               and line.endswith("one of: sgd | prox | scaffold | vr | dyn, or unset") for line in lines)
+    assert "random_epochs, client_steps, nova, disco, gsnr, straggler, lga, dyn" in lines   # its component tables
 
 
 def test_defaults_of_a_component(capsys):
