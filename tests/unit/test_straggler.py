@@ -8,7 +8,6 @@ final model then comes from the server rule alone.
 """
 
 import math
-import signal
 from types import SimpleNamespace
 
 import numpy as np
@@ -267,17 +266,8 @@ lga = {lam = 1e60}
 """
 
 
-@pytest.fixture
-def restore_signals():
-    """cli.main installs (and later ignores) stop-signal handlers in this process; put pytest's back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-
-
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-def test_A8_overflowing_correction_ends_the_run_as_diverged(tmp_path, capsys, restore_signals):
+def test_A8_overflowing_correction_ends_the_run_as_diverged(tmp_path, capsys):
     """A huge lam (1e60) makes the first corrected slow update lam g (g . v) astronomically large: finite in
     float64, but far beyond float32's 3.4e38, so the server's new float32 model is Inf while every client
     update (trained from a sane model) is finite and passes the update guard (else the exit would be 3).
