@@ -1,6 +1,6 @@
 """No hangs, guarded inputs, bad configs: every failure ends every rank, quickly and clearly."""
 
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -124,13 +124,15 @@ BAD = [
 
 def test_twenty_four_bad_configs_each_exit_2_naming_the_key(tmp_path):
     job = tiny(tmp_path)
-    for override, key in BAD:
-        t = time.perf_counter()
-        p = hpcfl("run", job, "--out", str(tmp_path / "o"), "--set", override, timeout=60)
+    # two at a time (the machine's two cores): each is a whole `hpcfl run`, mostly Python start-up
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda bad: hpcfl("run", job, "--out", str(tmp_path / "o"), "--set", bad[0],
+                                                timeout=60), BAD))
+    for (override, key), p in zip(BAD, runs):
         assert p.returncode == 2, (override, p.stderr)
         assert key in p.stderr and p.stderr.count("config error") == 1, (override, p.stderr)
         assert "Traceback" not in p.stderr
-        assert time.perf_counter() - t < 30
+        assert p.seconds < 30
     assert not (tmp_path / "o" / "results.h5").exists()
 
 

@@ -10,13 +10,14 @@ that is at its time budget.
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from clirun import hpcfl
 from mpi4py import MPI
 from runner import run_memory
 
-from hpcfl import cli
 from hpcfl.analysis import runs
 from hpcfl.results import load
 
@@ -55,30 +56,29 @@ def toml(table: dict, prefix: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    """Final accuracies by method and seed; FedLGA seed 0 runs through ``hpcfl run`` into a results file."""
+    """Final accuracies by method and seed, each run through ``hpcfl run`` into its own results file.
+
+    Two runs at a time (one thread each, the machine's two cores), as a user would on a workstation.
+    """
     out = tmp_path_factory.mktemp("d2")
-    (out / "fedlga.toml").write_text(toml(d2(0, name="fedlga", weights="uniform")))
-    assert cli.main(["run", str(out / "fedlga.toml"), "--out", str(out / "fedlga")]) == 0
-    res = load(out / "fedlga")
-    acc = {"fedlga": {0: float(res.metrics["test_accuracy"][-1])}, "fedavg": {}}
-    finite = {"fedlga": bool(np.isfinite(res.final_params).all())}
-    for seed in (0, 1, 2):
-        x, m, _ = run_memory(d2(seed), MPI.COMM_SELF)
-        acc["fedavg"][seed] = final_accuracy(m)
-        finite["fedavg"] = finite.get("fedavg", True) and bool(np.isfinite(x).all())
-        if seed:
-            x, m, _ = run_memory(d2(seed, name="fedlga"), MPI.COMM_SELF)
-            acc["fedlga"][seed] = final_accuracy(m)
-            finite["fedlga"] = finite["fedlga"] and bool(np.isfinite(x).all())
-    for name, alg in BASELINES.items():
-        x, m, _ = run_memory(d2(0, **alg), MPI.COMM_SELF)
-        acc[name] = {0: final_accuracy(m)}
-        finite[name] = bool(np.isfinite(x).all()) and all(np.isfinite(r["train_loss"]) for r in m)
-    return {"acc": acc, "finite": finite, "results": res, "path": out / "fedlga"}
+    runs_ = [("fedavg", seed, {}) for seed in (0, 1, 2)] + [("fedlga", seed, {"name": "fedlga"}) for seed in (0, 1, 2)]
+    runs_ += [(name, 0, alg) for name, alg in BASELINES.items()]
 
+    def one(run):
+        name, seed, alg = run
+        (out / f"{name}{seed}.toml").write_text(toml(d2(seed, **alg)))
+        p = hpcfl("run", str(out / f"{name}{seed}.toml"), "--out", str(out / f"{name}{seed}"), timeout=600)
+        assert p.returncode == 0, p.stderr
+        return name, seed, load(out / f"{name}{seed}")
 
-def final_accuracy(metrics):
-    return float(metrics[-1]["test_accuracy"])
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(one, runs_))
+    acc, finite = {}, {}
+    for name, seed, res in done:
+        acc.setdefault(name, {})[seed] = float(res.metrics["test_accuracy"][-1])
+        ok = bool(np.isfinite(res.final_params).all() and np.isfinite(res.metrics["train_loss"]).all())
+        finite[name] = finite.get(name, True) and ok
+    return {"acc": acc, "finite": finite, "results": load(out / "fedlga0"), "path": out / "fedlga0"}
 
 
 def test_D2_every_method_finishes_without_nan(digits):
