@@ -10,13 +10,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mpi_report import pytest_configure, pytest_sessionstart, pytest_unconfigure  # noqa: E402, F401
 
 
-@pytest.fixture(autouse=True)
-def _restore_stop_signals():
-    """A test that runs ``hpcfl run`` or ``hpcfl sweep`` in-process (cli.main) leaves its stop-signal
-    handlers installed, and a finished run even sets them to SIG_IGN. An ignored signal stays ignored
-    in every child process, and a shell cannot trap it (tests/e2e/test_slurm.py's USR1 forwarding then
-    failed after such a test): put this process's handlers back after every test."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-    yield
-    for s, handler in saved.items():
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+ORIGINAL_HANDLERS = {s: signal.getsignal(s) for s in STOP_SIGNALS}   # pytest's, before any test ran
+
+
+def restore_stop_signals():
+    """Put back the stop-signal handlers this process started with.
+
+    ``hpcfl run`` or ``hpcfl sweep`` run in-process (cli.main) leave their handlers installed,
+    and a finished run even sets them to SIG_IGN. An ignored signal stays ignored in every
+    child process, and a shell cannot trap it: tests/e2e/test_slurm.py's USR1 forwarding
+    failed after such a run.
+    """
+    for s, handler in ORIGINAL_HANDLERS.items():
         signal.signal(s, handler)
+
+
+@pytest.fixture(autouse=True)
+def _restore_stop_signals_after_each_test():
+    """After every test, and so also after module fixtures that ran cli.main before it."""
+    yield
+    restore_stop_signals()

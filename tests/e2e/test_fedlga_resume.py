@@ -13,6 +13,7 @@ runs are subprocesses, as they must be for SIGKILL.
 import numpy as np
 import pytest
 from clirun import assert_same_run, hpcfl
+from conftest import restore_stop_signals
 
 from hpcfl import cli
 from hpcfl.io.checkpoint import CheckpointStore
@@ -79,7 +80,10 @@ tau_max = 3
 
 def in_process(job, out):
     """``hpcfl run job --out out`` on this process's one rank; returns its exit code."""
-    return cli.main(["run", str(job), "--out", str(out)])
+    try:
+        return cli.main(["run", str(job), "--out", str(out)])
+    finally:
+        restore_stop_signals()   # a module fixture runs this: put pytest's handlers back at once
 
 
 def final_state(out):
