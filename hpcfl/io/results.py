@@ -185,6 +185,7 @@ class ResultsWriter:
         self.path = Path(path)
         self.metrics = {**METRICS, **(metric_fields or {})}
         self.client_fields = {**CLIENT_FIELDS, **(client_fields or {})}
+        self.path.with_name(self.path.name + ".final").unlink(missing_ok=True)   # a copy a kill left behind
         if resume_at is not None:
             self._reopen(resume_at, attrs)
             return
@@ -269,9 +270,7 @@ class ResultsWriter:
     def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple],
                     input_shape: tuple | None = None, num_classes: int | None = None) -> None:
         """The final model (in its own dtype) and what rebuilds it: one sample's shape, classes."""
-        # SWMR allows no new objects or attributes: reopen in normal mode for the last write.
-        self.file.close()
-        self.file = _open(self.path, "r+", libver="latest")
+        self._normal_mode()
         g = self.file.require_group("final")
         _describe(g.create_dataset("params", data=np.asarray(params)), "1",
                   "final flat model: parameters, then float buffers, in the order of param_names")
@@ -283,17 +282,34 @@ class ResultsWriter:
             g.attrs["num_classes"] = int(num_classes)
         self._write_summaries()
         self.file.attrs["status"] = "finished"
-        self.file.flush()
+        self._commit_normal_mode()
 
     def mark_diverged(self, round_: int) -> None:
         """The run ended because round ``round_`` (from 1) made the model NaN or Inf: say so
         in the file (status "diverged", ``diverged``, ``diverged_round``); the rounds before stay."""
-        self.file.close()     # SWMR allows no new attributes
-        self.file = _open(self.path, "r+", libver="latest")
+        self._normal_mode()
         self.file.attrs["status"] = "diverged"
         self.file.attrs["diverged"] = True
         self.file.attrs["diverged_round"] = int(round_)
+        self._commit_normal_mode()
+
+    def _normal_mode(self) -> None:
+        """SWMR allows no new objects or attributes, so the last writes go to a copy in normal mode.
+
+        A file killed while open in normal mode cannot be opened again at all (HDF5's
+        consistency flags; h5py has no h5clear), while a SWMR file killed mid-write still can.
+        So the file is closed cleanly, copied, the copy written, and renamed over it by
+        :meth:`_commit_normal_mode`: a kill at any moment leaves one of two readable files.
+        """
+        self.file.close()
+        self._final = self.path.with_name(self.path.name + ".final")
+        shutil.copyfile(self.path, self._final)
+        self.file = _open(self._final, "r+", libver="latest")
+
+    def _commit_normal_mode(self) -> None:
         self.file.flush()
+        self.file.close()
+        os.replace(self._final, self.path)
 
     def _write_summaries(self) -> None:
         """``/clients_summary/<field>_<stat>`` (N,): a client's statistic over the rounds it took part in.

@@ -5,6 +5,7 @@ import errno
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -51,6 +52,39 @@ def test_resume_trims_rows_past_the_checkpoint(tmp_path):
     w.append_round(*row(4))
     w.close()
     assert load(tmp_path).metrics["round"].tolist() == [1, 2, 3, 4]
+
+
+KILLED_IN_WRITE_FINAL = """
+import os, signal, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_results_file import ATTRS, row
+from hpcfl.io.results import ResultsWriter
+w = ResultsWriter({path!r}, ATTRS, np.ones((2, 3), dtype=np.int64))
+for r in (1, 2):
+    w.append_round(*row(r))
+w._commit_normal_mode = lambda: os.kill(os.getpid(), signal.SIGKILL)   # killed in the last write
+w.{call}
+"""
+
+
+@pytest.mark.parametrize("call", ["write_final(np.zeros(4, dtype=np.float32), ['param:w'], [(2, 2)])",
+                                  "mark_diverged(3)"])
+def test_a_kill_during_the_last_write_leaves_a_file_that_opens_and_resumes(tmp_path, call):
+    """HDF5 cannot open a file killed while open in normal (non-SWMR) mode, and the last writes need that
+    mode (CI once killed a run there: its resume failed with 'file is not already open for SWMR writing').
+    They go to a copy renamed over the file at the end: killed before the rename, the SWMR file stands."""
+    path = tmp_path / "results.h5"
+    code = KILLED_IN_WRITE_FINAL.format(tests=str(Path(__file__).parent), path=str(path), call=call)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+    assert status(path)[0] == "running" and load(tmp_path).metrics["round"].tolist() == [1, 2]
+    w = ResultsWriter(path, ATTRS, None, resume_at=2)      # the resume of such a run
+    assert not (tmp_path / "results.h5.final").exists()      # the killed copy is gone
+    w.append_round(*row(3))
+    w.write_final(np.arange(4, dtype=np.float32), ["param:w"], [(2, 2)])
+    w.close()
+    res = load(tmp_path)
+    assert res.attrs["status"] == "finished" and res.metrics["round"].tolist() == [1, 2, 3]
 
 
 def test_disk_full_names_the_file_and_the_space(tmp_path, monkeypatch):
