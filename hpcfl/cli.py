@@ -83,7 +83,7 @@ def _exit_all(code: int) -> None:
 class Plan:
     """What rank 0 decided from the job and the files in ``--out`` (nothing changed yet)."""
 
-    mode: str                      # "fresh", "resume" or "done"
+    mode: str                      # "fresh", "resume", "done" or "diverged" (nothing to do either way)
     run_id: str
     ckpt_dir: Path
     loaded: object = None          # hpcfl.io.checkpoint.Loaded when resuming
@@ -135,7 +135,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
     if state == "diverged":   # resuming would only diverge again
-        return Plan("done", run_id, ckpt_dir, None, [
+        return Plan("diverged", run_id, ckpt_dir, None, [
             f"{path} ended diverged in round {results.diverged_round(path)}; nothing to do (pass --force to "
             f"start over, e.g. with a lower algorithm.lr)"])
     if store is None:
@@ -200,7 +200,7 @@ def cmd_run(args, comm) -> int:
         err = exc
     _agree(comm, err)
     # The job is valid and its data found on every rank: only now may rank 0 change files.
-    if comm.rank == 0 and plan.mode != "done":
+    if comm.rank == 0 and plan.mode not in ("done", "diverged"):
         try:
             store, aside = _commit(cfg, out, plan)
         except HpcflError as exc:
@@ -211,9 +211,9 @@ def cmd_run(args, comm) -> int:
     if comm.rank == 0:
         for note in plan.notes:
             print(f"hpcfl: {note}", flush=True)
-    if mode == "done":
+    if mode in ("done", "diverged"):   # the notes said why a diverged run is not redone
         signals.ignore()
-        if comm.rank == 0 and not any("ended diverged" in n for n in plan.notes):
+        if comm.rank == 0 and mode == "done":
             print(f"hpcfl: {out} is already finished ({start} rounds); nothing to do", flush=True)
         return 0
 

@@ -97,7 +97,8 @@ class AlgorithmSection:
     mu: float = field(default=0.0, metadata={
         "ge": 0, "help": "FedProx proximal weight; > 0 exactly when local = 'prox'"})
     batch_size: int = field(default=32, metadata={"gt": 0, "help": "local mini-batch size B, in samples"})
-    local_epochs: int = field(default=1, metadata={"gt": 0, "help": "local epochs E per round, for steps = 'epochs' and 'straggler' (unit = 'epoch')"})
+    local_epochs: int = field(default=1, metadata={
+        "gt": 0, "help": "local epochs E per round, for steps = 'epochs' and 'straggler' (unit = 'epoch')"})
     epoch_rounding: str = field(default="ceil", metadata={
         "choices": ("ceil", "floor"),
         "help": "steps of E epochs on n_i samples: ceil = E*ceil(n_i/B), floor = floor(E*n_i/B) (the FedNova paper)"})

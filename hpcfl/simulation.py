@@ -28,6 +28,7 @@ import torch
 
 from . import rng
 from .algorithms import SCALARS, Algorithm
+from .algorithms.policies import epoch_steps
 from .algorithms.protocol import RoundContext
 from .client.trainer import LocalClients, Trainer, evaluate_chunks
 from .comm import Collectives, ExactSum, make_sum, node_layout, owners
@@ -303,7 +304,7 @@ def _granularity(s: Setup, ctx: RoundContext):
     """Steps a deadline-truncated client keeps a multiple of: 1, or its steps per epoch."""
     if s.cfg.system.truncate == "step":
         return 1
-    return -(-ctx.sizes // s.cfg.algorithm.batch_size)
+    return epoch_steps(1, ctx.sizes, s.cfg.algorithm.batch_size)
 
 
 def _train_eval_set(s: Setup) -> tuple[torch.Tensor, torch.Tensor]:

@@ -196,7 +196,7 @@ class Algorithm:
         The server rule counts ``res.adjusted`` when a policy set it (FedLGA's approximated
         full update), else the update itself; every other policy sees the real ``res.delta``.
         """
-        delta = res.adjusted if res.adjusted is not None else res.delta.double().cpu().numpy()
+        delta = res.adjusted if res.adjusted is not None else res.host()
         if res.adjusted is not None and not np.isfinite(res.adjusted).all():
             flag = np.zeros(len(SCALARS))
             flag[SCALARS.index("nonfinite")] = 1.0

@@ -83,7 +83,7 @@ class DynRule(AverageRule):
         return [Segment("dyn_delta", self.num_params)]
 
     def pack(self, ctx, j, slot, res, weight):
-        return {"dyn_delta": res.delta[: self.num_params].double().cpu().numpy()}
+        return {"dyn_delta": res.host()[: self.num_params]}
 
     def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
         self.h = self.h - (self.alpha / self.num_clients) * seg["dyn_delta"]

@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-import torch
 
-from .protocol import Field, Policy, Segment, ServerArray
+from .protocol import Field, Segment, ServerArray
 from .server import AverageRule
 
 
@@ -186,7 +185,7 @@ class LgaRule(AverageRule):
     def pack(self, ctx, j, slot, res, weight):
         if self._slow(ctx, j) and not self.fused:
             return {}            # a held client, packed after release with its corrected update
-        D = res.delta[: self.num_params].double().cpu().numpy()
+        D = res.host()[: self.num_params]
         if not self._slow(ctx, j):
             row = np.append(D * weight, weight)
             if self.fused:
@@ -213,11 +212,10 @@ class LgaRule(AverageRule):
             dbar = sums[:P] / sums[P]
             where = {int(j): i for i, j in enumerate(ctx.mine)}
             for j, _, res in held:
-                D = res.delta[:P].double().cpu().numpy()
-                new, a = correct(D, res.steps, int(ctx.full_steps[j]), dbar, ctx.lr, self.opts)
-                # a copy: for a float64 CPU update .double().cpu().numpy() is a view of res.delta, which
-                # SCAFFOLD or FedDyn must still see as the client's real update
-                adjusted = res.delta.detach().to("cpu", torch.float64).numpy().copy()
+                new, a = correct(res.host()[:P], res.steps, int(ctx.full_steps[j]), dbar, ctx.lr, self.opts)
+                # a copy: host() may be a view of res.delta, which SCAFFOLD or FedDyn must still see as
+                # the client's real update
+                adjusted = res.host().copy()
                 adjusted[:P] = new
                 res.adjusted = adjusted
                 alpha[where[j]] = a

@@ -7,7 +7,7 @@ index slices of those tensors drawn from the client's own generator, keyed by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -45,6 +45,16 @@ class ClientResult:
     loss: float
     samples: int
     adjusted: np.ndarray | None = None
+    _host: np.ndarray | None = field(default=None, repr=False)
+
+    def host(self) -> np.ndarray:
+        """``delta`` as a float64 host array, (L,), converted once however many policies read it.
+
+        Read only: for a float64 CPU update it is a view of ``delta`` itself; copy it to change it.
+        """
+        if self._host is None:
+            self._host = self.delta.detach().double().cpu().numpy()
+        return self._host
 
 
 class Trainer:

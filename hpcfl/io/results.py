@@ -183,9 +183,10 @@ class ResultsWriter:
     def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
                  metric_fields: dict | None = None, client_fields: dict | None = None):
         self.path = Path(path)
+        self._final = self.path.with_name(self.path.name + ".final")   # see _normal_mode
         self.metrics = {**METRICS, **(metric_fields or {})}
         self.client_fields = {**CLIENT_FIELDS, **(client_fields or {})}
-        self.path.with_name(self.path.name + ".final").unlink(missing_ok=True)   # a copy a kill left behind
+        self._final.unlink(missing_ok=True)   # a copy a kill left behind
         if resume_at is not None:
             self._reopen(resume_at, attrs)
             return
@@ -302,7 +303,6 @@ class ResultsWriter:
         :meth:`_commit_normal_mode`: a kill at any moment leaves one of two readable files.
         """
         self.file.close()
-        self._final = self.path.with_name(self.path.name + ".final")
         shutil.copyfile(self.path, self._final)
         self.file = _open(self._final, "r+", libver="latest")
 

@@ -93,20 +93,22 @@ def final_state(out):
     return loaded.arrays
 
 
-@pytest.fixture(scope="module")
-def feddyn_ref(tmp_path_factory):
-    d = tmp_path_factory.mktemp("feddyn_ref")
-    (d / "job.toml").write_text(FEDDYN)
+def reference(tmp_path_factory, name, text):
+    """The uninterrupted run of the job ``text``: its --out directory."""
+    d = tmp_path_factory.mktemp(f"{name}_ref")
+    (d / "job.toml").write_text(text)
     assert in_process(d / "job.toml", d / "out") == 0
     return d / "out"
+
+
+@pytest.fixture(scope="module")
+def feddyn_ref(tmp_path_factory):
+    return reference(tmp_path_factory, "feddyn", FEDDYN)
 
 
 @pytest.fixture(scope="module")
 def fedlga_ref(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fedlga_ref")
-    (d / "job.toml").write_text(FEDLGA)
-    assert in_process(d / "job.toml", d / "out") == 0
-    return d / "out"
+    return reference(tmp_path_factory, "fedlga", FEDLGA)
 
 
 def test_feddyn_killed_on_one_rank_resumes_bitwise_on_two(feddyn_ref, tmp_path):
