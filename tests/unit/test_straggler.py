@@ -17,7 +17,7 @@ from mpi4py import MPI
 from runner import job, run_memory
 from test_policy_traffic import calls_of
 
-from hpcfl import cli, config
+from hpcfl import cli, config, simulation
 from hpcfl.algorithms.local import LocalSolver, SolverSpec
 from hpcfl.algorithms.sampling import Sampler, sample_cohort
 from hpcfl.algorithms.straggler import StragglerOptions, StragglerSteps
@@ -349,3 +349,22 @@ def test_D4_prox_solver_with_mu_zero_is_plain_sgd():
         sgd.add_(g, alpha=-0.1)
     assert torch.equal(runs[0.0][0], sgd) and runs[0.0][1] == 5.0
     assert not torch.allclose(runs[0.1][0], sgd)
+
+
+@pytest.mark.parametrize("truncate", ["step", "epoch"])
+def test_deadline_truncation_keeps_whole_epochs_when_asked(truncate):
+    """system.truncate = 'epoch' hands the system model each client's steps per epoch, ceil(n_i / B), as the
+    granularity of a deadline cut: every truncated client then runs a whole number of epochs. The deadline
+    (0.45 s of 0.1 s steps: 4 steps) cuts 3 epochs of 2-3 steps each, so with 'step' the cut clients keep 4
+    steps, which is no whole number of 3-step epochs."""
+    table = job(**{"algorithm.local_steps": 0, "algorithm.local_epochs": 3, "algorithm.batch_size": 64,
+                   "system.enabled": True, "system.compute_s": 0.1, "system.uplink_mbps": 1e9,
+                   "system.deadline_s": 0.45, "system.truncate": truncate})
+    s = simulation.prepare(config.from_dict(table), MPI.COMM_SELF)
+    rows = []
+    simulation.run(s, on_round=lambda m, c: rows.append(c))
+    per_epoch = -(-s.sizes // 64)
+    cut = [(int(c), int(k)) for r in rows for c, k in zip(r["client"], r["steps"]) if k < 3 * per_epoch[c]]
+    assert cut, "the deadline cut nobody"
+    whole = [k % per_epoch[c] == 0 for c, k in cut]
+    assert all(whole) if truncate == "epoch" else not all(whole), (cut, per_epoch)
