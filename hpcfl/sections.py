@@ -12,13 +12,16 @@ import re
 from dataclasses import dataclass, field
 
 from .algorithms import registry
+from .algorithms.sampling import STATIC_WEIGHTS, canonical
 
 LOCAL_SOLVERS = tuple(registry.LOCAL)
 STEPS_POLICIES = tuple(registry.STEPS)
 WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
 SERVER_RULES = tuple(registry.SERVER)
 STATEFUL_LOCAL = ("scaffold", "vr", "dyn")   # local add-ons with per-client state
-SAMPLING = ("uniform", "with_replacement", "with_replacement_draws", "unbiased")
+# with_replacement_draws: the per-draw scheme's name until issue 14, now an alias of with_replacement
+SAMPLING = ("uniform", "with_replacement", "with_replacement_merged", "with_replacement_draws", "unbiased")
+PROX_LOCAL = ("prox", "scaffold", "vr")   # locals whose solver takes mu (x - x0): prox alone, or with a correction
 PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (docs/algorithms/)
 POLICY_SLOTS = ("local", "steps", "weights", "server")
 
@@ -85,9 +88,10 @@ class AlgorithmSection:
     clients_per_round: int = field(default=0, metadata={
         "ge": 0, "help": "clients sampled per round; 0: all clients every round"})
     sampling: str = field(default="uniform", metadata={
-        "choices": SAMPLING, "help": "cohort draw: uniform = without replacement; with_replacement (a repeated client "
-                                     "trains once, weight k/q), with_replacement_draws (each draw trains on its own, "
-                                     "weight 1/q) and unbiased need clients_per_round > 0 and weights = size or uniform"})
+        "choices": SAMPLING, "help": "cohort draw: uniform = without replacement; with_replacement (each draw trains "
+                                     "on its own, weight 1/q; with_replacement_draws is an alias), "
+                                     "with_replacement_merged (a repeated client trains once, weight k/q) and unbiased "
+                                     "need clients_per_round > 0 and weights = size or uniform"})
     lr: float = field(default=0.05, metadata={
         "gt": 0, "help": "client learning rate of the local SGD steps (before any lr schedule)"})
     momentum: float = field(default=0.0, metadata={
@@ -95,7 +99,8 @@ class AlgorithmSection:
     weight_decay: float = field(default=0.0, metadata={
         "ge": 0, "help": "L2 weight decay added to the local objective; 0: none"})
     mu: float = field(default=0.0, metadata={
-        "ge": 0, "help": "FedProx proximal weight; > 0 exactly when local = 'prox'"})
+        "ge": 0, "help": "proximal weight mu (FedProx): needed by local = 'prox', optional with scaffold and vr, "
+                         "refused with the other locals"})
     batch_size: int = field(default=32, metadata={"gt": 0, "help": "local mini-batch size B, in samples"})
     local_epochs: int = field(default=1, metadata={
         "gt": 0, "help": "local epochs E per round, for steps = 'epochs' and 'straggler' (unit = 'epoch')"})
@@ -138,23 +143,24 @@ class AlgorithmSection:
         if self.sampling != "uniform" and self.clients_per_round == 0:
             p.append(f"algorithm.sampling = {self.sampling!r} needs partial participation; set "
                      f"algorithm.clients_per_round")
-        if self.sampling == "with_replacement_draws" and (self.local in STATEFUL_LOCAL or self.steps == "gsnr"):
+        if canonical(self.sampling) == "with_replacement" and (self.local in STATEFUL_LOCAL or self.steps == "gsnr"):
             what = f"local = {self.local!r}" if self.local in STATEFUL_LOCAL else "steps = 'gsnr'"
-            p.append(f"algorithm.sampling = 'with_replacement_draws' trains a client drawn twice as two instances, "
-                     f"which per-client state or statistics ({what}) cannot follow; use sampling = 'uniform' or "
-                     f"'with_replacement'")
+            p.append(f"algorithm.sampling = {self.sampling!r} trains a client drawn twice as two instances, "
+                     f"which per-client state or statistics ({what}) cannot follow; use sampling = "
+                     f"'with_replacement_merged' (a repeated client trains once, weight k/q) or 'uniform'")
         if (self.local == "dyn") != (self.server == "dyn"):
             p.append(f"FedDyn needs both algorithm.local = 'dyn' and algorithm.server = 'dyn' (got local = "
                      f"{self.local!r}, server = {self.server!r}); or use algorithm.name = 'feddyn'")
         if self.local == "prox" and self.mu == 0:
             p.append("algorithm.local = 'prox' needs algorithm.mu > 0 (FedProx's proximal weight)")
-        if self.local != "prox" and self.mu > 0:
-            p.append(f"algorithm.mu = {self.mu} is only used by local = 'prox'; set algorithm.local = 'prox' or mu = 0")
+        if self.local not in PROX_LOCAL and self.mu > 0:
+            # sgd with mu would be FedProx under another name; FedDyn's alpha already is its proximal weight
+            p.append(f"algorithm.mu = {self.mu} is used only by local = 'prox', 'scaffold' or 'vr', not local = "
+                     f"{self.local!r}; set algorithm.local = 'prox' (FedProx) or algorithm.mu = 0")
         if self.steps == "fixed" and self.local_steps == 0:
             p.append("algorithm.steps = 'fixed' needs algorithm.local_steps > 0")
         if self.steps == "epochs" and self.local_steps > 0:
             p.append("algorithm.local_steps is set but algorithm.steps = 'epochs'; drop one of them")
-        from .algorithms.sampling import STATIC_WEIGHTS
         if self.sampling != "uniform" and self.weights not in STATIC_WEIGHTS:
             p.append(f"algorithm.sampling = {self.sampling!r} weights each draw by the sampling itself and is "
                      f"defined for weights = 'size' or 'uniform' only, not {self.weights!r} (weights computed "
@@ -180,6 +186,12 @@ class RuntimeSection:
         "choices": ("block", "round_robin"),
         "help": "clients to ranks: block (contiguous) or round_robin (client i on rank i mod R); results do not "
                 "depend on it"})
+    vectorize: str = field(default="off", metadata={
+        "choices": ("off", "on"),
+        "help": "on: train a rank's clients in batched groups (one forward/backward for many clients; pays for "
+                "tiny models such as the quadratic, logreg and small MLPs); results equal the sequential loop's "
+                "within float rounding and are bitwise the same on any number of ranks; models it cannot take "
+                "(batch norm, dropout, augmentation) are refused with the reason"})
     eval_batch_size: int = field(default=1000, metadata={
         "gt": 0, "help": "samples per evaluation chunk (chunks are dealt to the ranks round-robin)"})
     progress: str = field(default="auto", metadata={

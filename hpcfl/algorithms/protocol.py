@@ -111,7 +111,7 @@ class RoundContext:
     rnd, rounds, seed : int
         Round index (0-based), rounds in the run, the run's seed.
     cohort : (k,) int64
-        The round's sampled clients, sorted, unique.
+        The round's sampled clients, sorted; a client appears once per draw under ``with_replacement``.
     sizes : (k,) int64
         Training samples of each cohort member; ``all_sizes`` (N,) for every client.
     class_counts : (N, C) int64
@@ -131,7 +131,7 @@ class RoundContext:
         This rank's client data and model for the statistics phase
         (``hpcfl.simulation.LocalClients``).
     draws : (k,) or None
-        Draw multiplicities of sampling with replacement.
+        Draw counts under ``with_replacement_merged``; None otherwise.
     weights : (k,) float64
         Aggregation weights p_i, set by the weights policy (and possibly adjusted later).
     steps : (k,) int64

@@ -66,7 +66,7 @@ WEIGHTS = {
 }
 SERVER = {
     "average": lambda b: AverageRule(b.num_params, _a(b).sampling != "unbiased"),
-    "nova": lambda b: NovaRule(b.options, b.num_params, _a(b).local == "prox", _a(b).sampling != "unbiased"),
+    "nova": lambda b: NovaRule(b.options, b.num_params, _a(b).mu > 0, _a(b).sampling != "unbiased"),
     "lga": lambda b: LgaRule(b.options, b.num_params, _a(b).sampling != "unbiased"),
     "dyn": lambda b: DynRule(b.options, b.num_params, b.num_clients, _a(b).sampling != "unbiased"),
 }

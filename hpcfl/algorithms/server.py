@@ -56,7 +56,7 @@ class NovaOptions:
 
     tau_eff: str = field(default="auto", metadata={
         "choices": ("auto", "anorm", "steps", "const"),
-        "help": "FedNova's effective steps: auto = sum p_i ||a_i||_1 (sum p_i tau_i with local = 'prox'), anorm, "
+        "help": "FedNova's effective steps: auto = sum p_i ||a_i||_1 (sum p_i tau_i when algorithm.mu > 0), anorm, "
                 "steps, or const = value"})
     value: float = field(default=1.0, metadata={"gt": 0, "help": "tau_eff when tau_eff = 'const'"})
 

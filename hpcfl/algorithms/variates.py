@@ -92,28 +92,70 @@ class VarianceReduction(_Variates):
     """FedNova's cross-client variance reduction, raw-h rule (FedNova, Wang et al. 2020).
 
     Every local gradient is corrected by c_i = hbar - h_i, where h_i is client i's raw
-    normalised gradient of the previous round and hbar = sum_j p_j h_j. After training,
-    d_i = -Delta_i / (lr ||a_i||_1) includes the correction, so h_i = d_i - c_i.
-    Defined for full participation only.
+    normalised gradient of the last round it reported and hbar = sum_j p_j h_j / sum_j p_j
+    over ALL clients. After training, d_i = -Delta_i / (lr ||a_i||_1) includes the
+    correction, so h_i = d_i - c_i (also with a proximal term: ||a_i||_1 accounts for mu).
+
+    A client that does not report (dropped by the simulated clock, refused by the update
+    guard) keeps its last h_i in hbar, as SAGA keeps a stale gradient (Defazio et al.
+    2014), the partial-participation reading that FedNova leaves open. The reporters send
+    p_j (h_j_new - h_j_old) and the server adds that sum over the total weight of all
+    clients, so sum_i p_i c_i = sum_i p_i (hbar - h_i) = 0 after every round, whoever
+    reported: in a round where every client reports, FedNova's average of the d_i cancels
+    the corrections exactly. Defined for full participation (every client is in every
+    cohort, so ctx.weights holds every client's weight) with weights that stay the same
+    from round to round (size, uniform, or FedDisco over the fixed full cohort).
+
+    hbar is kept in float64 on every rank (``vr_hbar``, checkpointed and broadcast); the
+    correction vector ``c`` is its copy in the model's dtype. A float32 hbar rounded after
+    every increment would drift away from sum_j p_j h_j / sum_j p_j over many rounds.
     """
 
     table_name, server_name = "vr_h_i", "vr_hbar"
     upload = 0   # h_i is recovered from the update itself
 
-    def update(self, slot: int, delta: torch.Tensor, anorm: float, lr: float) -> torch.Tensor:
-        """Store and return the new raw h_i = d_i - c_i."""
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hbar = np.zeros(self.num_params, dtype=np.float64)
+        self.p: np.ndarray | None = None   # (N,) weights of the first round this process ran
+
+    def update(self, slot: int, delta: torch.Tensor, anorm: float, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new raw h_i = d_i - c_i; return (old h_i, new h_i) as stored."""
         table = self._table()
-        corr = self.c - table[slot]
-        h = -delta / (lr * anorm) - corr
-        table[slot] = h
-        return h
+        old = table[slot].clone()
+        corr = self.c - old
+        table[slot] = -delta / (lr * anorm) - corr
+        return old, table[slot]
+
+    def statistics(self, ctx):
+        """Check, every round on every rank, the two assumptions of the running hbar."""
+        if len(ctx.cohort) != self.num_clients:
+            raise RuntimeError(f"local = 'vr' needs every client in every round, got a cohort of "
+                               f"{len(ctx.cohort)} of {self.num_clients}; set algorithm.clients_per_round = 0")
+        weights = np.asarray(ctx.weights, dtype=np.float64)
+        if self.p is None:
+            self.p = weights.copy()
+        elif not np.array_equal(weights, self.p):
+            raise RuntimeError("local = 'vr' keeps hbar as a running weighted mean, which needs weights that do "
+                               "not change between rounds; use algorithm.weights = 'size' or 'uniform'")
 
     def pack(self, ctx, j, slot, res, weight):
-        h = self.update(slot, res.delta[: self.num_params], res.anorm, ctx.lr)
-        return {self.segment: h.double().cpu().numpy() * weight}   # p_i h_i for hbar
+        old, new = self.update(slot, res.delta[: self.num_params], res.anorm, ctx.lr)
+        # The difference of the stored rows, so that the sums telescope to sum_j p_j h_j as stored.
+        return {self.segment: weight * (new.double() - old.double()).cpu().numpy()}
 
     def server_update(self, ctx, seg, scalars):
-        self.c.copy_(torch.from_numpy(seg[self.segment] / scalars["weight"]))
+        # ctx.weights covers every client (checked in statistics): the total static weight
+        self.hbar = self.hbar + seg[self.segment] / float(np.sum(ctx.weights))
+        self.c.copy_(torch.from_numpy(self.hbar))
+
+    def state(self) -> list:
+        def set_hbar(value):
+            self.hbar = np.array(value, dtype=np.float64, copy=True)
+            self.c.copy_(torch.from_numpy(self.hbar))
+
+        table = super().state()[0]
+        return [table, ServerArray(self.server_name, lambda: self.hbar, set_hbar, broadcast=True)]
 
 
 def server_momentum_state(opt) -> ServerArray:

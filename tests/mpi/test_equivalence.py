@@ -28,7 +28,16 @@ CASES = {
                                      "algorithm.server_momentum": 0.9, "algorithm.lr_schedule": "step"},
     "fednova_vr_momentum": {"algorithm.name": "fednova", "algorithm.local": "vr", "algorithm.momentum": 0.5,
                             "algorithm.clients_per_round": 0},
-    "with_replacement": {"algorithm.name": "fednova", "algorithm.sampling": "with_replacement"},
+    # vectorised client blocks: a client's row never depends on its group, so rank counts do not matter
+    "vectorize_mlp_scaffold_epochs": {"runtime.vectorize": "on", "algorithm.name": "scaffold",
+                                      "algorithm.local_steps": 0, "algorithm.steps": "random_epochs",
+                                      "algorithm.random_epochs.low": 1, "algorithm.random_epochs.high": 3},
+    "vectorize_linear_vr_momentum": {"runtime.vectorize": "on", "model.mlp.hidden": [], "algorithm.name": "fednova",
+                                     "algorithm.local": "vr", "algorithm.momentum": 0.5,
+                                     "algorithm.clients_per_round": 0},
+    "vectorize_fedprox_with_replacement": {"runtime.vectorize": "on", "algorithm.name": "fedprox",
+                                           "algorithm.mu": 0.1, "algorithm.sampling": "with_replacement"},
+    "with_replacement_merged": {"algorithm.name": "fednova", "algorithm.sampling": "with_replacement_merged"},
     "unbiased": {"algorithm.sampling": "unbiased", "algorithm.local_lr_decay": 0.9},
     "feddisco": {"algorithm.name": "feddisco"},
     "feddisco_global_target_fednova": {"algorithm.name": "fednova", "algorithm.weights": "disco",
@@ -48,7 +57,7 @@ CASES = {
     # every round: round(0.5 * 5) = 3 per round, or 4 of the 7 clients with assignment = 'fixed'; in the
     # epoch cases tau_min = tau_max = 2, so no slow client finishes (and B = 64 keeps epochs short). The
     # held clients of rank1 and of the clipped diag (two reductions) and the fused diag segments all cross
-    # ranks; with_replacement_draws leaves a rank with no cohort member in some round.
+    # ranks; with_replacement leaves a rank with no cohort member in some round.
     "fedlga_rank1": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
                      "algorithm.local_steps": 0, "algorithm.local_epochs": 2, "algorithm.batch_size": 64,
                      "algorithm.straggler.tau_max": 2, "algorithm.straggler.tau_min": 2},
@@ -71,10 +80,9 @@ CASES = {
     "fedlga_fixed_step": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 4,
                           "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
                           "algorithm.straggler.tau_max": 4, "algorithm.straggler.assignment": "fixed"},
-    "fedlga_with_replacement_draws": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 4,
-                                      "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
-                                      "algorithm.straggler.tau_max": 4,
-                                      "algorithm.sampling": "with_replacement_draws"},
+    "fedlga_with_replacement": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 4,
+                                "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
+                                "algorithm.straggler.tau_max": 4, "algorithm.sampling": "with_replacement"},
     "fedlga_round_robin_placement": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
                                      "algorithm.local_steps": 0, "algorithm.local_epochs": 2,
                                      "algorithm.batch_size": 64, "algorithm.straggler.tau_max": 2,

@@ -82,7 +82,8 @@ def test_printed_job_has_every_default_and_help_before_each_key(capsys):
     i = lines.index("lr = 0.05")
     assert lines[i - 1] == "# client learning rate of the local SGD steps (before any lr schedule)"
     j = lines.index('sampling = "uniform"')
-    assert lines[j - 1].endswith("[uniform | with_replacement | with_replacement_draws | unbiased]")
+    assert lines[j - 1].endswith(
+        "[uniform | with_replacement | with_replacement_merged | with_replacement_draws | unbiased]")
     assert "# root = (unset)" in lines                  # None: commented out, the help above it
     assert "downlink_mbps = inf" in lines               # a [system] default the job never mentions
     assert "[data.dirichlet]  # partition: class-wise Dirichlet (NIID-Bench noniid-labeldir, FedNova, FedDisco " \

@@ -147,14 +147,14 @@ def test_disco_weights_enter_the_mean_and_not_h(one_round):
 
 
 def test_disco_with_drawn_copies_is_refused_naming_the_fix():
-    """sampling = 'with_replacement_draws' trains a drawn-twice client as two instances, which
+    """sampling = 'with_replacement' trains a drawn-twice client as two instances, which
     FedDyn's per-client gradient state cannot follow; FedDisco weights are defined over the
     sampled set only. Both problems are reported, each with the setting that fixes it."""
     with pytest.raises(ConfigError) as info:
         config.from_dict(job(**{"algorithm.name": "feddyn", "algorithm.weights": "disco",
-                                "algorithm.sampling": "with_replacement_draws"}))
+                                "algorithm.sampling": "with_replacement"}))
     text = str(info.value)
-    assert "local = 'dyn'" in text and "use sampling = 'uniform' or 'with_replacement'" in text
+    assert "local = 'dyn'" in text and "use sampling = 'with_replacement_merged'" in text
     assert "not 'disco'" in text and "use algorithm.sampling = 'uniform'" in text
 
 

@@ -171,7 +171,7 @@ def test_B2_tau_is_uniform_chi_square():
 # ------------------------------------------------------------------------------------ B3
 def test_B3_selection_frequency_and_duplicates():
     """K = 10 of N = 50. Without replacement, 5000 rounds: 10 distinct clients a round, each client chosen
-    Binomial(5000, 0.2) times: 1000 +- 4 sqrt(5000 * 0.2 * 0.8). with_replacement_draws, 1000 rounds: 10^4
+    Binomial(5000, 0.2) times: 1000 +- 4 sqrt(5000 * 0.2 * 0.8). with_replacement, 1000 rounds: 10^4
     draws with p = 1/50, each client 200 +- 4 sqrt(10^4 * 0.02 * 0.98), and a round repeats a client with
     probability 1 - prod_{i<10}(1 - i/50) = 0.6063, so 606 +- 4 sd of the rounds have duplicates."""
     K, N = 10, 50
@@ -182,7 +182,7 @@ def test_B3_selection_frequency_and_duplicates():
         assert mult is None and len(cohort) == K and len(np.unique(cohort)) == K
         seen[cohort] += 1
     assert np.abs(seen - 1000).max() <= 4 * math.sqrt(5000 * 0.2 * 0.8)
-    draws, seen, repeats = Sampler("with_replacement_draws", K, 8, np.ones(N)), np.zeros(N), 0
+    draws, seen, repeats = Sampler("with_replacement", K, 8, np.ones(N)), np.zeros(N), 0
     for rnd in range(1000):
         cohort, _ = draws.cohort(rnd)
         assert len(cohort) == K and np.all(np.diff(cohort) >= 0)
@@ -194,10 +194,10 @@ def test_B3_selection_frequency_and_duplicates():
 
 
 def test_B3_a_client_drawn_twice_trains_twice():
-    """with_replacement_draws (7 clients, 5 draws a round, 3 rounds): some round lists a client twice. Both
+    """with_replacement (7 clients, 5 draws a round, 3 rounds): some round lists a client twice. Both
     draws train (5 participants, weight 1/5 each) with the same steps but their own randomness, keyed by
     the draw: their mean mini-batch losses differ, so they are two different updates."""
-    _, metrics, clients = run_memory(job(**{"algorithm.sampling": "with_replacement_draws"}), COMM)
+    _, metrics, clients = run_memory(job(**{"algorithm.sampling": "with_replacement"}), COMM)
     twice = 0
     for m, c in zip(metrics, clients):
         assert m["clients_participating"] == 5 and np.allclose(c["weight"], 0.2)
