@@ -62,6 +62,7 @@ class Setup:
     threads: int
     class_counts: np.ndarray = None   # (N, C) label counts per client
     system: object = None  # hpcfl.system.SystemModel when [system] enabled
+    block: object = None   # hpcfl.client.block.BlockTrainer with runtime.vectorize = "on"
 
 
 def prepare(cfg, comm) -> Setup:
@@ -103,6 +104,14 @@ def prepare(cfg, comm) -> Setup:
         augment = augment_batch
     trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
     algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype, sizes)
+    block = None
+    if cfg.runtime.vectorize == "on":
+        from .client import block as blocks
+        why = blocks.unsupported(model, augment, algo.solver.spec)
+        if why is not None:
+            raise ConfigError(f"runtime.vectorize = 'on' cannot train model {cfg.model.name!r} on "
+                              f"{cfg.data.dataset!r} in batched groups: {why}; set runtime.vectorize = 'off'")
+        block = blocks.BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size)
     system = None
     if cfg.system is not None and cfg.system.enabled:
         from .system import SystemModel
@@ -115,7 +124,7 @@ def prepare(cfg, comm) -> Setup:
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system)
+                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block)
 
 
 def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -213,20 +222,15 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         control.phase("train", rnd)
         acc.reset()
         records, refused, held = [], [], []
-        for j in ctx.mine[ctx.steps[ctx.mine] > 0]:
+        for j, res in _local_training(s, ctx, x0):
             cid, slot = int(ctx.cohort[j]), int(ctx.slots[j])
-            key = (rnd, cid, _occurrence(ctx.cohort, j))   # a repeated draw trains with its own randomness
-            gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, *key)
-            rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, *key))  # dropout and the like
-            res = s.trainer.train(x0, ctx.clients.indices(j), int(ctx.steps[j]), algo.solver, gen,
-                                  algo.correction(slot), ctx.lr)
             norm = float(torch.linalg.vector_norm(res.delta, dtype=torch.float64))   # on the device
             problem = control.check_update(cid, rnd, norm)
             if problem is not None:         # never averaged in: skip and record, or stop the run
                 refused.append(problem)
-                records.append((int(j), float("nan"), 0.0, REJECTED))
+                records.append((int(j), float("nan"), 0.0, REJECTED, 0.0, 0.0))
                 continue
-            records.append((int(j), res.loss, res.anorm, 0))
+            records.append((int(j), res.loss, res.anorm, 0, res.anorm2, res.alast))
             if algo.holds(ctx, int(j)):     # packed after the release phase (FedLGA's slow clients)
                 held.append((int(j), slot, res))
                 continue
@@ -294,9 +298,33 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     return x
 
 
+def _local_training(s: Setup, ctx, x0: torch.Tensor):
+    """Train this rank's cohort clients that have steps; yields (cohort position, ClientResult)
+    in cohort order, one client at a time or, with ``runtime.vectorize = "on"``, in batched
+    groups (:mod:`hpcfl.client.block`). Each client's randomness is keyed by (seed, round,
+    client, draw) either way, so both give every client the same batches."""
+    seed, algo = s.cfg.run.seed, s.algo
+    todo = [int(j) for j in ctx.mine[ctx.steps[ctx.mine] > 0]]
+
+    def key(j):   # a repeated draw trains with its own randomness
+        return ctx.rnd, int(ctx.cohort[j]), _occurrence(ctx.cohort, j)
+
+    if s.block is None:
+        for j in todo:
+            gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, *key(j))
+            rng.seed_device(s.device, rng.torch_seed(seed, rng.CLIENT_TRAIN, *key(j)))  # dropout and the like
+            yield j, s.trainer.train(x0, ctx.clients.indices(j), int(ctx.steps[j]), algo.solver, gen,
+                                     algo.correction(int(ctx.slots[j])), ctx.lr)
+        return
+    jobs = [(ctx.clients.indices(j), int(ctx.steps[j]), rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN,
+                                                                          *key(j))) for j in todo]
+    corrections = [algo.correction(int(ctx.slots[j])) for j in todo]
+    yield from zip(todo, s.block.train(x0, jobs, algo.solver.spec, ctx.lr, corrections))
+
+
 def _occurrence(cohort: np.ndarray, j: int) -> int:
     """How many earlier positions of the (sorted) cohort hold the same client: 0 unless
-    sampling draws a client twice (``with_replacement_draws``)."""
+    sampling draws a client twice (``with_replacement``)."""
     return int(j - np.searchsorted(cohort, cohort[j]))
 
 
@@ -314,11 +342,19 @@ def _train_eval_set(s: Setup) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _round_records(algo, ctx, sums, gathered, diag):
-    """Round metrics (without test and timing fields) and per-client rows, on rank 0."""
+    """Round metrics (without test and timing fields) and per-client rows, on rank 0.
+
+    ``gathered``: each rank's records (cohort position, loss, ||a||_1, code, ||a||_2^2, a_{-1}).
+    The ``nova_*`` metrics are FedNova's diagnostics of the local work of the clients that
+    reported (:mod:`hpcfl.algorithms.nova_diag`), for every algorithm.
+    """
+    from .algorithms.nova_diag import nova_diagnostics
+
     sc = dict(zip(SCALARS, algo.layout.split(sums)["scalars"]))
     cohort, weights, plan, k = ctx.cohort, ctx.weights, ctx.plan, len(ctx.cohort)
-    done = {j: (loss, anorm, code) for part in gathered for j, loss, anorm, code in part}   # by cohort position
-    ok = {j for j, (_, _, code) in done.items() if code == 0}
+    done = {rec[0]: rec[1:] for part in gathered for rec in part}   # by cohort position
+    ok = {j for j, (_, _, code, _, _) in done.items() if code == 0}
+    rep = sorted(ok)
     total_w = sc["weight"]
     dropped = np.array(plan.reason if plan is not None else np.zeros(k), dtype=np.int8)
     dropped[(np.asarray(ctx.steps) == 0) & (dropped == 0)] = NO_STEPS   # e.g. FedGSNR's n_opt = 0
@@ -328,6 +364,8 @@ def _round_records(algo, ctx, sums, gathered, diag):
         "weight": np.array([weights[j] / total_w if j in ok else 0.0 for j in range(k)]),
         "train_loss": np.array([done.get(j, (np.nan,))[0] for j in range(k)]),
         "anorm": np.array([done[j][1] if j in ok else 0.0 for j in range(k)]),
+        "anorm2": np.array([done[j][3] if j in ok else 0.0 for j in range(k)]),
+        "alast": np.array([done[j][4] if j in ok else 0.0 for j in range(k)]),
         "sim_time": plan.total_s if plan is not None else np.zeros(k),
         "dropped": dropped,
     }
@@ -335,6 +373,9 @@ def _round_records(algo, ctx, sums, gathered, diag):
         "round": ctx.rnd + 1, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
         "clients_participating": len(ok), "lr": ctx.lr, "tau_eff": diag.get("tau_eff", float("nan")),
     }
+    a1, a2, last = ([done[j][i] for j in rep] for i in (1, 3, 4))   # ||a||_1, ||a||_2^2, a_{-1}
+    nova = nova_diagnostics(np.asarray(weights, dtype=np.float64)[rep], np.asarray(ctx.steps)[rep], a1, a2, last)
+    metrics.update(nova.metrics())
     extra_clients, extra_rounds = algo.records(ctx)
     clients.update(extra_clients)
     metrics.update(extra_rounds)

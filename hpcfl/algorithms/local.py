@@ -20,6 +20,15 @@ It is kept in normalised form A = -x_shadow / lr (u_s <- rho u_s + 1 - mu lr A;
 A <- A + gamma**k u_s), which reproduces the incremental recurrences of FedNova's code (A += 1
 for SGD, so A is an exact integer; c = rho c + 1, A += c for momentum;
 A = A(1 - lr mu) + 1 for prox) and holds for any combination of them.
+
+The diagnostics of FedNova's Theorem 1 also need ||a||_2^2 and the last coefficient a_{-1}.
+The solver is linear in the gradients: after any step, gradient g_j has a coefficient u_j in the
+momentum buffer and A_j in -(x - x0)/lr, and every pair (u_j, A_j) then moves by the same 2x2
+map M_k (u <- rho u - mu lr A, then A <- A + gamma**k u), while the new gradient enters as
+(u, A) = (1, 0) before the A update. So the Gram matrix G = sum_j (u_j, A_j)(u_j, A_j)^T follows
+G <- M_k G M_k^T plus the new gradient's term: O(1) per step, whatever tau, and
+||a||_2^2 = G_AA at the end. The last gradient enters x once, with the last step's scale, so
+a_{-1} = gamma**(tau-1) for every combination (1 without in-round decay).
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ class LocalSolver:
         self.u = None
         self.shadow_a = 0.0   # A = ||a||_1 so far
         self.shadow_u = 0.0
+        self.gram = (0.0, 0.0, 0.0)   # (G_uu, G_uA, G_AA): sum_j u_j^2, u_j A_j, A_j^2 (module docstring)
+        self.last_scale = 0.0         # gamma**k of the latest step: a_{-1}
 
     def step(self, x: torch.Tensor, g: torch.Tensor, corr: torch.Tensor | None) -> None:
         """Update ``x`` (num_params,) in place given its gradient ``g`` (num_params,)."""
@@ -75,8 +86,26 @@ class LocalSolver:
         # Shadow scalar with unit gradient (weight decay is part of the objective, not of a).
         self.shadow_u = s.momentum * self.shadow_u + 1.0 - s.mu * self.lr * self.shadow_a
         self.shadow_a += step_scale * self.shadow_u
+        self._track_gram(s.momentum, s.mu * self.lr, step_scale)
         self.k += 1
+
+    def _track_gram(self, rho: float, alpha: float, scale: float) -> None:
+        """Advance (G_uu, G_uA, G_AA) by one step; alpha = mu lr, scale = gamma**k."""
+        uu, ua, aa = self.gram
+        # u_j <- rho u_j - alpha A_j for every earlier gradient; the new one enters with u = 1, A = 0
+        uu, ua = rho * rho * uu - 2.0 * rho * alpha * ua + alpha * alpha * aa + 1.0, rho * ua - alpha * aa
+        # A_j <- A_j + scale u_j
+        self.gram = (uu, ua + scale * uu, aa + 2.0 * scale * ua + scale * scale * uu)
+        self.last_scale = scale
 
     def anorm(self) -> float:
         """||a||_1 of this round so far (relative to the round's lr)."""
         return self.shadow_a
+
+    def anorm2(self) -> float:
+        """||a||_2^2 of this round so far (FedNova's Theorem 1: constants A and B)."""
+        return self.gram[2]
+
+    def alast(self) -> float:
+        """a_{-1}, the coefficient of the latest gradient (gamma**(tau-1); 0 before any step)."""
+        return self.last_scale

@@ -37,6 +37,10 @@ class ClientResult:
     adjusted : numpy.ndarray, shape (L,), float64, or None
         The update the server rule counts instead of ``delta``, when a policy's release
         hook set one (FedLGA's approximation of the full update).
+    anorm2 : float
+        ||a_i||_2^2 (FedNova's Theorem 1 constants A and B; equals ``steps`` for plain SGD).
+    alast : float
+        a_{i,-1}, the last gradient's coefficient (1 unless the lr decays within the round).
     """
 
     delta: torch.Tensor
@@ -45,6 +49,8 @@ class ClientResult:
     loss: float
     samples: int
     adjusted: np.ndarray | None = None
+    anorm2: float = 0.0
+    alast: float = 0.0
     _host: np.ndarray | None = field(default=None, repr=False)
 
     def host(self) -> np.ndarray:
@@ -109,7 +115,8 @@ class Trainer:
             samples += int(batch.numel())
         delta = m.flat.detach() - x0
         mean_loss = float(loss_sum) / steps if steps else 0.0
-        return ClientResult(delta, steps, solver.anorm() if steps else 0.0, mean_loss, samples)
+        return ClientResult(delta, steps, solver.anorm() if steps else 0.0, mean_loss, samples,
+                            anorm2=solver.anorm2() if steps else 0.0, alast=solver.alast() if steps else 0.0)
 
 
 class LocalClients:

@@ -20,6 +20,10 @@ one row per round or per participating client; the file is flushed after every r
     /metrics/lr                    float64  client learning rate of the round
     /metrics/tau_eff               float64  effective local steps: FedNova's tau_eff, or the
                                             implicit sum p_i ||a_i||_1 of averaging rules
+    /metrics/nova_tau_eff, nova_chi2, nova_slowdown, nova_A, nova_B, nova_C
+                                   float64  FedNova's diagnostics of the round's local work, for
+                                            every algorithm (hpcfl.algorithms.nova_diag); NaN if
+                                            nobody reported
     /metrics/sim_time              float64  cumulative simulated seconds ([system]; else 0)
     /metrics/time_decide, time_train, time_reduce, time_server, time_eval, time_round
                                    float64  real seconds per phase on rank 0 (decide: weights,
@@ -28,6 +32,7 @@ one row per round or per participating client; the file is flushed after every r
                                                                 round 1-based as above)
     /clients/weight, /clients/train_loss                 float64 (normalised weight; 0 and NaN if dropped)
     /clients/anorm                 float64  ||a_i||_1, FedNova's normaliser (= steps for plain SGD)
+    /clients/anorm2, alast         float64  ||a_i||_2^2 and the last coefficient a_{i,-1}
     /clients/sim_time              float64  simulated arrival time of the client's update
     /clients/dropped               int8     0 reported; 1 unavailable; 2 missed the deadline;
                                             3 late; 4 no steps (hpcfl.system reason codes)
@@ -86,6 +91,15 @@ METRICS = {
     "global_train_accuracy": Field(F64, "1", "global model's accuracy on all training samples (run.eval_train)"),
     "lr": Field(F64, "1", "client learning rate of the round"),
     "tau_eff": Field(F64, "steps", "effective local steps: FedNova's tau_eff, or sum p_i ||a_i||_1"),
+    # FedNova's diagnostics (Wang et al. 2020, Eqs. 5-6, 9-10) over the clients R that reported, p normalised
+    # over R and w_i = p_i ||a_i||_1 / nova_tau_eff: what averaging the raw updates weighs, whatever the rule.
+    "nova_tau_eff": Field(F64, "steps", "implicit effective steps of averaging, sum_R p_i ||a_i||_1 (p normalised)"),
+    "nova_chi2": Field(F64, "1", "chi^2 divergence sum_R (p_i - w_i)^2 / w_i of p from the implicit weights "
+                                 "w_i = p_i ||a_i||_1 / nova_tau_eff (Theorem 2)"),
+    "nova_slowdown": Field(F64, "1", "tau_bar / nova_tau_eff, tau_bar = mean tau_i over R (Theorem 1)"),
+    "nova_A": Field(F64, "1", "Theorem 1's A = m nova_tau_eff sum_R w_i^2 ||a_i||_2^2 / ||a_i||_1^2, m = |R|"),
+    "nova_B": Field(F64, "steps", "Theorem 1's B = sum_R w_i (||a_i||_2^2 - a_{i,-1}^2)"),
+    "nova_C": Field(F64, "steps^2", "Theorem 1's C = max_R (||a_i||_1^2 - ||a_i||_1 a_{i,-1})"),
     "sim_time": Field(F64, "s", "cumulative simulated time ([system]; else 0)"),
     "time_decide": Field(F64, "s", "real time of the decisions (weights, statistics phase, steps), rank 0"),
     "time_train": Field(F64, "s", "real time of local training, rank 0"),
@@ -101,6 +115,10 @@ CLIENT_FIELDS = {
     "weight": Field(F64, "1", "normalised aggregation weight (0 if the client did not report)"),
     "train_loss": Field(F64, "loss", "mean local mini-batch loss (NaN if the client did not train)"),
     "anorm": Field(F64, "steps", "||a_i||_1, FedNova's normaliser (= steps for plain SGD)"),
+    "anorm2": Field(F64, "steps", "||a_i||_2^2 of the gradient coefficients (= steps for plain SGD; 0 if the "
+                                  "client did not report)"),
+    "alast": Field(F64, "1", "a_{i,-1}, the last gradient's coefficient (1 without in-round lr decay; 0 if the "
+                             "client did not report)"),
     "sim_time": Field(F64, "s", "simulated arrival time of the client's update"),
     "dropped": Field(np.int8, "code", "0 reported; 1 unavailable; 2 missed the deadline; 3 late; 4 no steps; "
                                       "5 refused by the guard"),
@@ -228,6 +246,14 @@ class ResultsWriter:
                     new_ds = g.create_dataset(name, data=ds[()][keep], maxshape=(None,), chunks=(1024,))
                     for k, v in ds.attrs.items():
                         new_ds.attrs[k] = v
+                # a field this version records and the file's writer did not (e.g. /metrics/nova_chi2):
+                # its kept rows are unknown, NaN (0 for integers), and the resumed rounds fill it
+                for name, f in (self.metrics if group == "metrics" else self.client_fields).items():
+                    if name not in g:
+                        fill = np.nan if np.issubdtype(np.dtype(f.dtype), np.floating) else 0
+                        data = np.full(int(keep.sum()), fill, dtype=f.dtype)
+                        _describe(g.create_dataset(name, data=data, maxshape=(None,), chunks=(1024,)),
+                                  f.unit, f.description)
             if old.attrs.get("schema_version", 1) < 2:   # an older file counted rounds from 0
                 for group, fields in (("metrics", METRICS), ("clients", CLIENT_FIELDS)):
                     new[group]["round"][...] = new[group]["round"][()] + 1

@@ -74,7 +74,8 @@ def test_results_schema(finished):
         m = f["metrics"]
         expected = {"round", "train_loss", "test_accuracy", "test_loss", "clients_participating",
                     "global_train_loss", "global_train_accuracy", "lr", "tau_eff", "sim_time",
-                    "time_decide", "time_train", "time_reduce", "time_server", "time_eval", "time_round"}
+                    "time_decide", "time_train", "time_reduce", "time_server", "time_eval", "time_round",
+                    "nova_tau_eff", "nova_chi2", "nova_slowdown", "nova_A", "nova_B", "nova_C"}
         assert set(m) == expected
         for name in expected:
             assert m[name].shape == (4,) and m[name].maxshape == (None,)
@@ -88,7 +89,8 @@ def test_results_schema(finished):
         assert m["sim_time"][()].tolist() == [0.0] * 4     # no [system] clock
         assert np.isnan(m["global_train_loss"][()]).all()  # run.eval_train is off
         c = f["clients"]
-        assert set(c) == {"round", "client", "steps", "weight", "train_loss", "anorm", "sim_time", "dropped"}
+        assert set(c) == {"round", "client", "steps", "weight", "train_loss", "anorm", "anorm2", "alast", "sim_time",
+                          "dropped"}
         assert c["sim_time"].attrs["unit"] == "s" and c["steps"].attrs["unit"] == "steps"
         assert c["round"].shape == (16,) and c["steps"][()].tolist() == [3] * 16
         assert c["anorm"][()].tolist() == [3.0] * 16 and c["dropped"][()].tolist() == [0] * 16

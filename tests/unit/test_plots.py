@@ -171,8 +171,8 @@ def test_client_heatmap_png(tmp_path, groups):
 
 
 def test_client_heatmap_unknown_field_lists_fields(tmp_path, groups):
-    with pytest.raises(HpcflError, match="unknown per-client field 'gsnr'; available: anorm, dropped, sim_time, "
-                                         "steps, train_loss, weight"):
+    with pytest.raises(HpcflError, match="unknown per-client field 'gsnr'; available: alast, anorm, anorm2, "
+                                         "dropped, sim_time, steps, train_loss, weight"):
         plots.client_heatmap_png(groups["lr=0.1"][0], "gsnr", tmp_path / "x.png")
 
 

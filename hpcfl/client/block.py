@@ -1,0 +1,198 @@
+"""Vectorised client blocks: a group of clients trained as one batched computation.
+
+The sequential :class:`~hpcfl.client.trainer.Trainer` pays the framework's per-step
+overhead (autograd graph, kernel launches, Python) once per client and step; for tiny
+models (FedNova's quadratic, logistic regression, small MLPs) that overhead is nearly
+all of the time. :class:`BlockTrainer` trains G clients at once: their weights are the
+rows of one (G, P) tensor, one batched forward/backward gives every client's gradient,
+and one vectorised solver step updates every row. Models may give that gradient in closed
+form (``batched_loss_grad``: the quadratic, logistic regression); any other vmappable model
+goes through ``torch.func.vmap`` of its forward and one autograd call per step.
+
+What stays exactly as in the sequential loop:
+
+- each client's batches: the same seeded per-epoch permutations of its indices, drawn
+  from its own generator in the same order (a partial last batch per epoch);
+- the solver's update formula and the coefficients ``||a||_1``, ``||a||_2^2``, ``a_{-1}``
+  (from the solver's own recurrences, so FedNova's weights are bitwise the sequential loop's).
+
+What differs: a mini-batch loss is a masked sum over a padded batch divided by the
+batch's size, and the batched kernels may sum in another order than the per-client
+ones, so results equal the sequential loop's within float rounding, not bitwise.
+Each client's row is computed by kernels that never mix rows, so a client's result
+does not depend on which other clients share its group: results are bitwise the same
+on any number of ranks and for any grouping (tests/unit/test_block.py checks both).
+
+Clients of a group are ordered by steps, longest first, so at local step s the clients
+still training are a prefix of the rows and the finished ones are simply not touched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vmap
+
+from ..algorithms.local import LocalSolver, SolverSpec
+from ..params import FlatModel
+from .trainer import ClientResult
+
+GROUP_SIZE = 64   # clients per batched computation (bounds memory: a few (G, P) tensors)
+PREGATHER = 1 << 22   # input values of a group's whole round gathered up front when at most this many
+
+
+def unsupported(model: FlatModel, augment, spec: SolverSpec) -> str | None:
+    """Why this model/solver cannot be trained in blocks, or None when it can."""
+    m = model.module
+    if model.length != model.num_params:
+        return "the model has float buffers (batch norm running statistics), which a batched forward cannot update"
+    if augment is not None:
+        return "data augmentation draws per-sample randomness the batched path does not reproduce"
+    if any(isinstance(mod, (torch.nn.Dropout, torch.nn.modules.dropout._DropoutNd)) for mod in m.modules()):
+        return "the model uses dropout (per-client random masks)"
+    if getattr(m, "loss", None) is not None and getattr(m, "batched_loss", None) is None:
+        return "the model has its own loss without a batched form (batched_loss)"
+    if any(isinstance(mod, (torch.nn.RNNBase,)) for mod in m.modules()):
+        return "recurrent layers are not vmapped here"
+    return None
+
+
+def solver_coefficients(spec: SolverSpec, lr: float, steps: int) -> np.ndarray:
+    """``(||a||_1, ||a||_2^2, a_{-1})`` after 0..steps local steps, (steps + 1, 3) float64.
+
+    Every client of a block takes the same solver steps, so these depend on the step count
+    only. They come from :class:`~hpcfl.algorithms.local.LocalSolver` itself, run on a
+    one-element dummy (its scalar recurrences ignore the gradient), so they are bitwise
+    the sequential loop's values.
+    """
+    solver = LocalSolver(spec)
+    dummy = torch.zeros(1, dtype=torch.float64)
+    solver.begin(dummy.clone(), lr)
+    out = np.zeros((steps + 1, 3))
+    for k in range(steps):
+        solver.step(dummy, dummy, None)
+        out[k + 1] = solver.anorm(), solver.anorm2(), solver.alast()
+    return out
+
+
+class BlockTrainer:
+    """Trains groups of clients as batched computations (see module docstring).
+
+    Parameters
+    ----------
+    model : FlatModel
+        Parameters only (no float buffers); its module gives the forward pass.
+    x_train, y_train : torch.Tensor, shapes (N, *input_shape) and (N,)
+    batch_size : int
+    group_size : int
+        Most clients trained together.
+    """
+
+    def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, group_size: int = GROUP_SIZE):
+        self.model, self.x, self.y = model, x_train, y_train
+        self.batch_size, self.group_size = batch_size, group_size
+        m = model.module
+        self._custom = getattr(m, "batched_loss", None)
+        self._closed = getattr(m, "batched_loss_grad", None)   # (w, xb, yb, weight) -> (loss (G,), grad (G, P))
+        names = [n.split(":", 1)[1] for n in model.names]
+        sizes = [int(np.prod(s)) for s in model.shapes]
+        self._layout = list(zip(names, model.shapes, np.cumsum([0] + sizes[:-1]).tolist(), sizes))
+
+        def forward(w: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+            params = {n: w[o : o + k].view(shape) for n, shape, o, k in self._layout}
+            return functional_call(m, params, (xb,))
+
+        self._forward = vmap(forward)
+
+    def _schedule(self, indices: torch.Tensor, steps: int, gen: torch.Generator) -> torch.Tensor:
+        """The client's batches as rows of sample indices, (steps, B), -1 padding a partial batch.
+
+        Draws ``randperm`` from ``gen`` once per epoch started, exactly like the sequential loop.
+        """
+        n, B = int(indices.numel()), self.batch_size
+        per_epoch = -(-n // B)
+        epochs = -(-steps // per_epoch)
+        rows = torch.full((epochs, per_epoch * B), -1, dtype=torch.int64, device=indices.device)
+        if n == 1:   # every permutation of one sample is the same (the generator is not used after training)
+            rows[:, 0] = indices[0]
+        else:
+            perms = torch.stack([torch.randperm(n, generator=gen, device=gen.device) for _ in range(epochs)])
+            rows[:, :n] = indices[perms.to(indices.device)]
+        return rows.view(epochs * per_epoch, B)[:steps]
+
+    def _losses(self, w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        """Per-sample losses (G, B) of G clients' weights ``w`` (G, P) on their batches."""
+        if self._custom is not None:
+            return self._custom(w, xb, yb)
+        out = self._forward(w, xb)
+        return F.cross_entropy(out.flatten(0, 1), yb.flatten(), reduction="none").view(yb.shape)
+
+    def train(self, x0: torch.Tensor, jobs: list, spec: SolverSpec, lr: float,
+              corrections: list | None = None) -> list[ClientResult]:
+        """Train clients from the global state ``x0`` (P,); one :class:`ClientResult` per job, in order.
+
+        ``jobs`` holds (indices, steps, generator) per client (steps > 0); ``corrections``
+        the solver's per-client gradient correction (P,) or None each (SCAFFOLD, VR).
+        """
+        corrections = corrections or [None] * len(jobs)
+        order = sorted(range(len(jobs)), key=lambda i: -jobs[i][1])   # longest first: active rows are a prefix
+        results: list = [None] * len(jobs)
+        for lo in range(0, len(order), self.group_size):
+            group = order[lo : lo + self.group_size]
+            got = self._train_group(x0, [jobs[i] for i in group], spec, lr, [corrections[i] for i in group])
+            for i, res in zip(group, got):
+                results[i] = res
+        return results
+
+    def _train_group(self, x0, jobs, spec: SolverSpec, lr: float, corrs) -> list[ClientResult]:
+        G, P, B = len(jobs), self.model.num_params, self.batch_size
+        steps = np.array([s for _, s, _ in jobs])
+        S = int(steps[0])
+        sched = torch.full((S, G, B), -1, dtype=torch.int64, device=x0.device)
+        for g, (indices, k, gen) in enumerate(jobs):
+            sched[:k, g] = self._schedule(indices, int(k), gen)
+        valid = sched >= 0
+        count = valid.sum(2)                                        # (S, G) batch sizes
+        weight = valid.to(x0.dtype) / count.clamp(min=1).unsqueeze(2).to(x0.dtype)
+        sched.clamp_(min=0)                                         # padding reads sample 0, weighted 0
+        w = x0[:P].expand(G, P).clone()
+        corr = None
+        if any(c is not None for c in corrs):
+            corr = torch.stack([torch.zeros_like(x0[:P]) if c is None else c for c in corrs])
+        u = torch.zeros_like(w) if spec.momentum else None
+        x0p = x0[:P]
+        loss_sum = torch.zeros(G, dtype=torch.float64, device=x0.device)
+        active = np.searchsorted(-steps, -np.arange(S), side="left")   # rows with steps > s still train
+        # small rounds gather every batch at once (one indexing op instead of two per step)
+        xs, ys = (self.x[sched], self.y[sched]) if sched.numel() * self.x[0].numel() <= PREGATHER else (None, None)
+        for k in range(S):
+            a = int(active[k])
+            xb, yb = (xs[k, :a], ys[k, :a]) if xs is not None else (self.x[sched[k, :a]], self.y[sched[k, :a]])
+            wa = w[:a]
+            if self._closed is not None:   # the model's own gradient: no autograd graph per step
+                with torch.no_grad():
+                    per_client, g = self._closed(wa, xb, yb, weight[k, :a])
+            else:
+                wa = wa.detach().requires_grad_(True)
+                per_client = (self._losses(wa, xb, yb) * weight[k, :a]).sum(1)
+                (g,) = torch.autograd.grad(per_client.sum(), wa)
+            with torch.no_grad():
+                # the sequential solver's operations, row-wise (LocalSolver.step)
+                if spec.weight_decay:
+                    g = g.add(wa, alpha=spec.weight_decay)
+                if spec.mu:
+                    g = g.add(wa - x0p, alpha=spec.mu)
+                if corr is not None:
+                    g = g.add(corr[:a])
+                if spec.momentum:
+                    g = u[:a].copy_(g) if k == 0 else u[:a].mul_(spec.momentum).add_(g)
+                scale = spec.decay**k if spec.decay != 1.0 else 1.0
+                w[:a].add_(g, alpha=-lr * scale)
+                loss_sum[:a] += per_client.detach()
+        a = solver_coefficients(spec, lr, S)
+        samples = count.sum(0).tolist()
+        delta = w - x0p
+        return [ClientResult(delta[g], int(steps[g]), float(a[steps[g], 0]), float(loss_sum[g]) / int(steps[g]),
+                             int(samples[g]), anorm2=float(a[steps[g], 1]), alast=float(a[steps[g], 2]))
+                for g in range(G)]
