@@ -81,4 +81,47 @@ def summary_table(history: list[dict], wall: float, path) -> str:
         rows.insert(4, ("final F(x) on train data", f"{gtl[-1]:.4f} (run.eval_train)"))
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 3 + max(len(v) for _, v in rows))
-    return "\n".join([line] + [f"{k:<{w}} | {v}" for k, v in rows] + [line])
+    warning = divergence_warning(history)
+    return "\n".join([line] + [f"{k:<{w}} | {v}" for k, v in rows] + [line] + ([warning] if warning else []))
+
+
+GROWTH = 10.0   # a training loss this many times its smallest earlier value is flagged
+WINDOW = 3      # rounds averaged in the cohort's train loss before the comparison
+
+
+def divergence_warning(history: list[dict]) -> str | None:
+    """A warning line when the training loss grew ``GROWTH``-fold or more over the run, else None.
+
+    The loss is F(x) on the clients' training data (``global_train_loss``) when the run
+    evaluated it in at least two rounds, else the cohort's mean local loss (``train_loss``)
+    averaged over ``WINDOW`` consecutive rounds: under partial participation each round has
+    other clients, and one cohort of easy clients can sit 10x below the next in a healthy run
+    (FedAvg and FedNova on jobs/papers/fednova_synthetic.toml: up to 16x round to round, under
+    6x over 3-round means). Rounds without a finite value are skipped. The largest ratio of a
+    value to the smallest value before it is reported, with the rounds of both.
+
+    It fires only when that value also exceeds the first one: a loss that climbs back above
+    where the run started is going the wrong way, while a converged run whose loss jitters
+    between 1e-4 and 1e-3 (the same ratio) is not diverging.
+    """
+    points = [(h["round"], h.get("global_train_loss", math.nan)) for h in history]
+    points = [(r, float(v)) for r, v in points if math.isfinite(v)]
+    if len(points) >= 2:
+        name, series = "F(x) on train data", [(f"round {r}", v) for r, v in points]
+    else:
+        points = [(h["round"], float(h["train_loss"])) for h in history if math.isfinite(h["train_loss"])]
+        name, series = f"train loss ({WINDOW}-round mean)", [
+            (f"rounds {points[i - WINDOW + 1][0]}-{points[i][0]}",
+             sum(v for _, v in points[i - WINDOW + 1 : i + 1]) / WINDOW) for i in range(WINDOW - 1, len(points))]
+    best = None                        # (ratio, low label, low value, high label, high value)
+    low_at, low = None, math.inf
+    for at, v in series:
+        if low_at is not None and low > 0 and (best is None or v / low > best[0]):
+            best = (v / low, low_at, low, at, v)
+        if v < low:
+            low_at, low = at, v
+    if best is None or best[0] < GROWTH or best[4] <= series[0][1]:
+        return None
+    ratio, at0, v0, at1, v1 = best
+    return (f"warning: {name} grew {ratio:.1f}x, from {v0:.4g} ({at0}) to {v1:.4g} ({at1}): the run may be "
+            f"diverging; try a smaller algorithm.lr")

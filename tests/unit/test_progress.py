@@ -2,7 +2,7 @@
 
 import math
 
-from hpcfl.progress import Progress, summary_table
+from hpcfl.progress import Progress, divergence_warning, summary_table
 
 NAN = math.nan
 
@@ -32,3 +32,49 @@ def test_progress_line_counts_from_one_and_shows_loss_without_accuracy(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("round  1/10") and "test_loss 2.5000" in out[0]
     assert out[1].startswith("round  2/10") and "test_acc 0.5000" in out[1]
+
+
+
+def losses(train, global_=None):
+    """Rows with the given per-round train_loss (and global_train_loss), rounds from 1."""
+    global_ = global_ or [NAN] * len(train)
+    return [{"round": r, "test_accuracy": 0.5, "test_loss": 1.0, "train_loss": t, "global_train_loss": g,
+             "clients_participating": 3, "time_round": 0.5} for r, (t, g) in enumerate(zip(train, global_), 1)]
+
+
+def test_divergence_warning_fires_at_ten_fold_growth_of_the_3_round_mean():
+    """3-round means of the cohort's train loss: 0.8333 (rounds 1-3), 0.5 (2-4), 2 (3-5), 3.5 (4-6),
+    5 (5-7). 5 / 0.5 = 10.0 exactly (sums of equal halves and fives are exact in binary), and 5
+    is above the first mean, so the warning names both windows and values."""
+    warning = divergence_warning(losses([1.5, 0.5, 0.5, 0.5, 5.0, 5.0, 5.0]))
+    assert warning == ("warning: train loss (3-round mean) grew 10.0x, from 0.5 (rounds 2-4) to 5 (rounds 5-7): "
+                       "the run may be diverging; try a smaller algorithm.lr")
+
+
+def test_divergence_warning_silent_at_nine_fold_growth():
+    """Means 0.5 (rounds 2-4) then 4.5 (rounds 5-7): 9x < 10x, so neither the function nor the
+    summary warns."""
+    history = losses([1.5, 0.5, 0.5, 0.5, 4.5, 4.5, 4.5])
+    assert divergence_warning(history) is None
+    assert "warning" not in summary_table(history, 1.0, "r.h5")
+
+
+def test_one_easy_cohort_is_not_a_ten_fold_growth():
+    """Round 2's cohort at 0.06 and round 6's at 1.2 are 20x apart (and 1.2 is above round 1's
+    0.9), the noise of partial participation; the 3-round means 0.62, 0.62, 0.9, 1.0 grow 1.6x."""
+    assert divergence_warning(losses([0.9, 0.06, 0.9, 0.9, 0.9, 1.2])) is None
+
+
+def test_divergence_warning_reads_f_of_x_when_evaluated_and_ends_the_summary():
+    """With global_train_loss in two or more rounds (NaN rounds skipped: eval_every) that is the
+    loss watched, round by round: 10.086 / 0.82 = 12.3x from round 2 to round 5, while the flat
+    train_loss (0.5 throughout) would not fire. The warning is the summary's last line."""
+    history = losses([0.5] * 5, [1.5, 0.82, NAN, 3.0, 10.086])
+    text = summary_table(history, 1.0, "r.h5")
+    assert text.splitlines()[-1] == ("warning: F(x) on train data grew 12.3x, from 0.82 (round 2) to 10.09 "
+                                     "(round 5): the run may be diverging; try a smaller algorithm.lr")
+
+
+def test_divergence_warning_silent_for_a_converged_run_jittering_at_small_loss():
+    """F(x) going 1e-4 -> 1e-3 is 10x, but 1e-3 stays far below the first value 2.3: converged."""
+    assert divergence_warning(losses([0.5] * 4, [2.3, 0.1, 1e-4, 1e-3])) is None
