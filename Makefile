@@ -22,7 +22,7 @@ quickstart: install
 test: install test-unit test-mpi
 
 test-unit:
-	$(PY) -m pytest -q tests/unit tests/e2e
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/unit tests/e2e
 
 # Every MPI test runs at 2 and at 3 ranks (3 is oversubscribed on 2 cores: correctness only).
 test-mpi:

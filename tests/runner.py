@@ -33,3 +33,42 @@ def run_memory(table, comm):
 
     x = simulation.run(setup, on_round=on_round)
     return np.asarray(x), metrics, clients
+
+
+def run_parallel(tables, workers=2):
+    """Run in-memory jobs in ``workers`` subprocesses (the machine's two cores).
+
+    Returns, per table in order, (final model, metrics rows). Each worker is this file run as
+    a script: job tables in as JSON on stdin, one JSON line per run out. Floats survive the
+    trip exactly (JSON writes the shortest repr that reads back to the same double).
+    """
+    import subprocess
+    import sys
+
+    chunks = [list(range(i, len(tables), workers)) for i in range(workers)]
+    procs = [subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for c in chunks if c]
+    for proc, chunk in zip(procs, chunks):
+        proc.stdin.write(json.dumps([tables[i] for i in chunk]))
+        proc.stdin.close()
+    out = [None] * len(tables)
+    for proc, chunk in zip(procs, chunks):
+        lines = proc.stdout.read().splitlines()
+        err = proc.stderr.read()
+        assert proc.wait() == 0, err[-3000:]
+        for i, line in zip(chunk, lines):
+            got = json.loads(line)
+            out[i] = (np.array(got["x"]), got["metrics"])
+    return out
+
+
+if __name__ == "__main__":   # a run_parallel worker
+    import sys
+
+    from mpi4py import MPI
+
+    for table in json.loads(sys.stdin.read()):
+        x, metrics, _ = run_memory(table, MPI.COMM_SELF)
+        rows = [{k: (float(v) if isinstance(v, (int, float, np.floating, np.integer)) else None)
+                 for k, v in m.items()} for m in metrics]
+        print(json.dumps({"x": x.tolist(), "metrics": rows}), flush=True)

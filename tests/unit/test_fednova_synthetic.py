@@ -1,66 +1,76 @@
-"""FedNova on Synthetic(1,1) (check T10; Wang et al. 2020, Fig. 5) through the real engine, and the
-paper job files.
+"""FedNova check T10 on Synthetic(1,1) (Wang et al. 2020, Fig. 5) through the engine, as a
+statistic over seeds, and the paper job files.
 
-T10 in one setting, the rightmost of Fig. 5: 30 natural clients, logistic regression,
-B = 20, lr 0.02, C = 0.3 (9 clients per round, Alg. 1 sampling), E_i(t) ~ U{1..5},
-30 rounds, same seed for both algorithms (same data, init, cohorts and E draws). FedNova's
-p-weighted training loss F(x) = sum_i p_i F_i(x) of the final global model must be at most
-0.9 x FedAvg's. It is the cheapest of the three settings (about 3x fewer local steps than
-full participation with E = 5) and shows the effect with a wide margin at seed 0 (about
-0.26 vs 0.44, ratio ~0.6; an independent numpy run: 0.269 vs 0.458). The two runs take about
-25 s on one core (up to ~50 s on a loaded 2-core machine), so all 30 rounds are kept.
+The shipped job jobs/papers/fednova_synthetic.toml: 30 natural clients, logistic regression,
+B = 20, lr 0.02, 30 rounds, Alg. 1 sampling; in the three settings of Fig. 5:
 
-The seed is pinned on purpose: the synthetic data, the init, the cohorts and the E draws
-all follow run.seed, and with 9 of 30 power-law-sized clients per round the curves are
-not monotone (a cohort can raise F(x) for a few rounds; FedNova's renormalised tau_eff
-follows the largest sampled client, so its steps jump from round to round). Measured
-final-round ratios FedNova/FedAvg in this setting: seeds 0-3 -> 0.59, 0.72, 0.54, 1.17;
-in the full-participation E = 5 setting the ratio falls steadily for seeds 0-3, but that
-costs ~4x more (seed 0 has 20,101 samples: 5,095 local steps per round). So this is an
-engine regression guard at 30 rounds, not a seed-robust statistic.
+    full E=5      every client, E = 5 epochs
+    C=0.3 E=5     9 of 30 clients per round, E = 5
+    C=0.3 E~U     9 of 30 clients per round, E_i(t) ~ U{1..5}
 
-The bench bench/fednova_synthetic.py runs all three settings.
+FedNova's p-weighted training loss F(x) = sum_i p_i F_i(x) of the final global model is compared
+with FedAvg's in the same seed (same data, init, cohorts and E draws). One seed is not a test
+of the method: with 9 of 30 power-law-sized clients per round the curves are not monotone, and
+at seed 3 of C=0.3 E~U the ratio is 1.17. So each setting runs 8 seeds (0-7) and the criterion
+is on the distribution: median ratio FedNova/FedAvg <= 0.9 and at least 6 of 8 seeds below 1.
+The 48 runs train in vectorised client blocks (runtime.vectorize = "on"), two at a time; the
+per-seed table is printed (pytest -s).
 """
 
 from pathlib import Path
 
+import numpy as np
 import pytest
-from mpi4py import MPI
-from runner import run_memory
+from runner import run_parallel
 
 from hpcfl import config
 
 PAPERS = Path(__file__).resolve().parents[2] / "jobs" / "papers"
+SEEDS = range(8)
+SETTINGS = {
+    "full E=5": ["algorithm.clients_per_round=0", "algorithm.random_epochs.low=5"],
+    "C=0.3 E=5": ["algorithm.random_epochs.low=5"],
+    "C=0.3 E~U{1..5}": [],
+}
 
 
-def synthetic_job(algorithm: str) -> dict:
-    """The shipped job (jobs/papers/fednova_synthetic.toml, the C = 0.3, E ~ U{1..5} setting)."""
+def synthetic_job(algorithm: str, seed: int, setting: str) -> dict:
     table = config.read_job(PAPERS / "fednova_synthetic.toml")
     return config.apply_overrides(table, [
-        f"algorithm.name='{algorithm}'", "run.seed=0", "run.rounds=30", "run.eval_every=0",
-        "run.eval_train=true", "runtime.threads=1", "runtime.progress='none'",
-    ])
+        f"algorithm.name='{algorithm}'", f"run.seed={seed}", "run.eval_every=0", "run.eval_train=true",
+        "runtime.threads=1", "runtime.progress='none'", "runtime.vectorize='on'", *SETTINGS[setting]])
 
 
-def final_train_loss(algorithm: str) -> float:
-    table = synthetic_job(algorithm)
-    cfg = config.from_dict(table)
-    a = cfg.algorithm
-    # the setting T10 is about, whatever the job file's comments suggest editing
-    assert (cfg.data.dataset, cfg.data.partition, cfg.data.num_clients) == ("synthetic", "natural", 30)
+pytestmark = pytest.mark.timeout(1200)   # the module fixture runs every job first
+
+
+@pytest.fixture(scope="module")
+def ratios():
+    cfg = config.from_dict(synthetic_job("fednova", 0, "C=0.3 E~U{1..5}"))
+    a = cfg.algorithm   # the setting T10 is about, whatever the job file's comments suggest editing
+    assert (cfg.data.dataset, cfg.data.partition, cfg.data.num_clients, cfg.run.rounds) == (
+        "synthetic", "natural", 30, 30)
     assert (cfg.dataset_options.alpha, cfg.dataset_options.beta) == (1.0, 1.0)
     assert (cfg.model.name, a.lr, a.batch_size, a.clients_per_round, a.steps) == (
         "logreg", 0.02, 20, 9, "random_epochs")
-    assert (cfg.policy_options["steps"].low, cfg.policy_options["steps"].high) == (1, 5)
-    _, metrics, _ = run_memory(table, MPI.COMM_SELF)
-    assert len(metrics) == 30
-    return metrics[-1]["global_train_loss"]
+    runs = [(s, seed, alg) for s in SETTINGS for seed in SEEDS for alg in ("fedavg", "fednova")]
+    done = run_parallel([synthetic_job(alg, seed, s) for s, seed, alg in runs])
+    loss = {key: metrics[-1]["global_train_loss"] for key, (_, metrics) in zip(runs, done)}
+    assert all(len(metrics) == 30 for _, metrics in done)
+    table = {s: [(loss[(s, seed, "fedavg")], loss[(s, seed, "fednova")]) for seed in SEEDS] for s in SETTINGS}
+    print("\nT10: final p-weighted train loss F(x), FedAvg / FedNova (ratio) per seed")
+    for s, rows in table.items():
+        print(f"{s:<16} " + "  ".join(f"{a:.3f}/{n:.3f} ({n / a:.2f})" for a, n in rows))
+    return {s: np.array([n / a for a, n in rows]) for s, rows in table.items()}
 
 
-def test_fednova_beats_fedavg_on_synthetic_T10():
-    fedavg = final_train_loss("fedavg")
-    fednova = final_train_loss("fednova")
-    assert 0 < fednova <= 0.9 * fedavg, (fedavg, fednova)
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_T10_fednova_beats_fedavg_over_seeds(ratios, setting):
+    """Median FedNova/FedAvg ratio <= 0.9 and at least 6 of 8 seeds below 1, per setting."""
+    r = ratios[setting]
+    assert len(r) == 8 and np.all(r > 0)
+    assert np.median(r) <= 0.9, r
+    assert (r < 1).sum() >= 6, r
 
 
 @pytest.mark.parametrize("name", ["fednova_quadratic", "fednova_synthetic", "fednova_cifar10_vgg11"])
