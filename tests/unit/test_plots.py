@@ -215,7 +215,6 @@ def test_cli_input_errors_exit_2(tmp_path, run_dirs, capsys):
 
 
 def test_cli_curves_and_clients(tmp_path, run_dirs, capsys):
-    pytest.importorskip("hpcfl.analysis.runs")
     runs = [str(p) for p in run_dirs.values()]
     out = tmp_path / "curves.png"
     assert cli(["plot", *runs, "--out", str(out), "--by", "algorithm.lr", "--size", "800x600"]) == 0
