@@ -196,7 +196,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     """
     cfg, comm, algo = s.cfg, s.comm, s.algo
     control = control or RunControl(comm, GuardSection(), 0.0)
-    seed, B = cfg.run.seed, cfg.algorithm.batch_size
+    B = cfg.algorithm.batch_size
     x = s.model.numpy() if x is None else x      # global model; authoritative on rank 0
     comm.Bcast(x, root=0)
     collective = Collectives(comm, cfg.runtime.reduce)

@@ -51,8 +51,8 @@ def unsupported(model: FlatModel, augment, spec: SolverSpec) -> str | None:
         return "data augmentation draws per-sample randomness the batched path does not reproduce"
     if any(isinstance(mod, (torch.nn.Dropout, torch.nn.modules.dropout._DropoutNd)) for mod in m.modules()):
         return "the model uses dropout (per-client random masks)"
-    if getattr(m, "loss", None) is not None and getattr(m, "batched_loss", None) is None:
-        return "the model has its own loss without a batched form (batched_loss)"
+    if getattr(m, "loss", None) is not None and getattr(m, "batched_loss_grad", None) is None:
+        return "the model has its own loss without a batched form (batched_loss_grad)"
     if any(isinstance(mod, (torch.nn.RNNBase,)) for mod in m.modules()):
         return "recurrent layers are not vmapped here"
     return None
@@ -93,7 +93,6 @@ class BlockTrainer:
         self.model, self.x, self.y = model, x_train, y_train
         self.batch_size, self.group_size = batch_size, group_size
         m = model.module
-        self._custom = getattr(m, "batched_loss", None)
         self._closed = getattr(m, "batched_loss_grad", None)   # (w, xb, yb, weight) -> (loss (G,), grad (G, P))
         names = [n.split(":", 1)[1] for n in model.names]
         sizes = [int(np.prod(s)) for s in model.shapes]
@@ -123,8 +122,6 @@ class BlockTrainer:
 
     def _losses(self, w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         """Per-sample losses (G, B) of G clients' weights ``w`` (G, P) on their batches."""
-        if self._custom is not None:
-            return self._custom(w, xb, yb)
         out = self._forward(w, xb)
         return F.cross_entropy(out.flatten(0, 1), yb.flatten(), reduction="none").view(yb.shape)
 

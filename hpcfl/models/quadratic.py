@@ -31,11 +31,6 @@ class Quadratic(torch.nn.Module):
         return 0.5 * ((self.x - targets) ** 2).sum(dim=1).mean()
 
     @staticmethod
-    def batched_loss(w: torch.Tensor, targets: torch.Tensor, _labels: torch.Tensor) -> torch.Tensor:
-        """Per-sample 1/2 ||x_g - e||^2 of G clients' x (hpcfl.client.block); (G, dim), (G, B, dim) -> (G, B)."""
-        return 0.5 * ((w.unsqueeze(1) - targets) ** 2).sum(dim=2)
-
-    @staticmethod
     def batched_loss_grad(w: torch.Tensor, targets: torch.Tensor, _labels: torch.Tensor,
                           weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """sum_b weight_b 1/2 ||x_g - e_b||^2 per client and its gradient sum_b weight_b (x_g - e_b).
