@@ -29,6 +29,7 @@ from . import partition_labels as _pl
 from .datasets import EMBEDDED, Dataset, DatasetSpec
 from .files import ON_DISK
 from .quadratic import QuadraticOptions, load_quadratic
+from .speech import SPEECH
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class PartitionSpec:
 DATASETS: dict[str, DatasetSpec] = {
     **ON_DISK,
     **EMBEDDED,
+    **SPEECH,
     "quadratic": DatasetSpec(QuadraticOptions, load_quadratic,
                              "FedNova's quadratic objectives 1/2||x - e_i||^2, one per client"),
 }
