@@ -46,7 +46,7 @@ DATASETS: dict[str, DatasetSpec] = {
     **EMBEDDED,
     **SPEECH,
     "quadratic": DatasetSpec(QuadraticOptions, load_quadratic,
-                             "FedNova's quadratic objectives 1/2||x - e_i||^2, one per client"),
+                             "quadratic objectives, one per client: FedNova's 1/2||x - e_i||^2, or GIFT's curvatures and gradient noise"),
 }
 
 PARTITIONS: dict[str, PartitionSpec] = {

@@ -128,7 +128,7 @@ MODELS: dict[str, ModelSpec] = {
     ),
     "quadratic": _register(
         "quadratic", quadratic.QuadraticModelOptions, quadratic.build_quadratic,
-        "FedNova's quadratic objective 1/2||x - e_i||^2 (Wang et al. 2020); use with data.dataset = quadratic.",
+        "the quadratic objectives of FedNova and GIFT (x starts at init); use with data.dataset = quadratic.",
         quadratic.fits_quadratic,
     ),
 }  # fmt: skip
