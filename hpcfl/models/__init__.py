@@ -128,7 +128,7 @@ MODELS: dict[str, ModelSpec] = {
     ),
     "quadratic": _register(
         "quadratic", quadratic.QuadraticModelOptions, quadratic.build_quadratic,
-        "the quadratic objectives of FedNova and GIFT (x starts at init); use with data.dataset = quadratic.",
+        "quadratic objectives of FedNova (Wang et al. 2020) and GIFT (Chen et al. 2023); use with data.dataset = quadratic.",
         quadratic.fits_quadratic,
     ),
 }  # fmt: skip
