@@ -38,12 +38,34 @@ round is synchronous::
     duration = min(duration, deadline_s) + server_s   (server_s: aggregation time)
 
 Unavailable clients never extend the round (they decline at selection).
-``RoundPlan.earliest(k)`` applies the "first k reports" protocol (GIFT): the others
-become LATE and ``duration = k-th smallest total_i + server_s``.
+
+First K reports (``earliest_fraction`` < 1; GIFT's "the server only collects the 40%
+reported the earliest", Chen et al. 2023), applied last, over the n clients given to
+``plan`` (the round's cohort)::
+
+    K = ceil(earliest_fraction * n)      (relative slack 1e-9: 0.07 * 100 gives 7; K >= 1)
+    if at least K clients participate (available, one step fits the deadline):
+        the K with the smallest total_i report (ties: lower client id); the others are
+        LATE (steps_i = 0, all times 0: they are not trained)
+        duration = K-th smallest total_i + server_s
+    else: nothing changes (duration as above)
+
+So the deadline acts first: a client cut by it can still be among the first K (with its
+truncated steps), a dropped one cannot. The K-th report arrives before the deadline, so
+the server stops waiting even when the deadline dropped someone. With fewer than K
+participants the rules above hold: the server waits up to the deadline if the deadline
+dropped someone (for reports that never come), else until the last report. With
+``earliest_fraction = 1`` (the default) nobody is late.
 
 Every per-client value is a pure function of its key, so ``plan`` on a cohort equals
 the concatenation of ``plan`` on any split of it (and ``duration`` is the max of the
-parts' durations): the clock is independent of the host and of the rank layout.
+parts' durations): the clock is independent of the host and of the rank layout. The
+first-K cut is the one global step: it needs the whole cohort, which the engine plans on
+every rank, and its outcome (who reports, ``duration``) depends on the cohort as a set,
+not on its order.
+
+Calibrated seconds per local iteration of GIFT's testbed (its Table II) are in
+``hpcfl.system.config.CALIBRATED_COMPUTE_S``.
 """
 
 from .config import SystemOptions

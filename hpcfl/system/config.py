@@ -20,6 +20,21 @@ from typing import Optional
 
 STATIC_DISTS = ("constant", "uniform", "lognormal", "trace")
 
+# Seconds per local SGD iteration (``compute_s`` with ``compute_unit = "step"``) of the
+# m5.large clients of GIFT's testbed (Chen et al. 2023, "GIFT: Toward Accurate and Efficient
+# Federated Learning With Gradient-Instructed Frequency Tuning", Table II), for job files
+# that reproduce it. The paper reports hours only, so c is solved from its FedAvg rows
+# (tau = 100, 1000 rounds, 5 Mbit/s uplink, free downlink, no delay): one round takes
+# t_up + 100 c with t_up = 32 M / 5e6 s (M fp32 parameters), hence
+# c = (hours * 3600 / 1000 - t_up) / 100:
+#   lenet5    M = 62,006      t_up = 0.397 s   1.56 h -> 5.616 s/round  -> c = 0.05219
+#   vgg16     M = 14,728,266  t_up = 94.26 s   81.9 h -> 294.84 s/round -> c = 2.0058
+#   kws_lstm  M = 61,066      t_up = 0.391 s   3.14 h -> 11.304 s/round -> c = 0.10913
+# (LeNet-5 and VGG-16 in their CIFAR-10 variants, VGG-16 with batch norm; the LSTM has 2
+# layers of 64 on 40 input features.) A reporting delay whose K-th order statistic has mean d
+# would have to be subtracted from the per-round time first.
+CALIBRATED_COMPUTE_S = {"lenet5": 0.05219, "vgg16": 2.0058, "kws_lstm": 0.10913}
+
 # quantity -> (mean key, low key, high key, sigma key)
 GROUPS = {
     "compute": ("compute_s", "compute_low_s", "compute_high_s", "compute_sigma"),
@@ -99,6 +114,9 @@ class SystemOptions:
     delay_high_s: Optional[float] = field(default=None, metadata={
         "ge": 0, "help": "upper bound of delay_dist = 'uniform', seconds; unset: none"})
     server_s: float = field(default=0.0, metadata={"ge": 0, "help": "server aggregation seconds added to every round"})
+    earliest_fraction: float = field(default=1.0, metadata={
+        "gt": 0, "le": 1, "help": "the server closes a round at the first ceil(fraction * cohort) reports, the "
+                                  "rest are late and not trained (GIFT: 0.4); 1: wait for every participant"})
 
     def uses_trace(self) -> bool:
         return "trace" in (self.compute_dist, self.uplink_dist, self.downlink_dist)
@@ -145,4 +163,11 @@ class SystemOptions:
                 )
         if self.delay_dist in ("constant", "exponential") and not math.isfinite(self.delay_s):
             out.append(f"system.delay_s = {self.delay_s} must be finite")
+        if self.earliest_fraction < 1.0 and not self.enabled:
+            # without the clock nobody arrives first: the cut would silently not happen
+            out.append(
+                f"system.earliest_fraction = {self.earliest_fraction} needs the simulated clock "
+                "(arrival times decide who reports first); set system.enabled = true, or remove "
+                "earliest_fraction to wait for every client"
+            )
         return out

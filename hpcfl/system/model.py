@@ -6,6 +6,7 @@ See the package docstring (``hpcfl.system``) for the rules and formulas.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,22 @@ OK, UNAVAILABLE, DEADLINE, LATE, NO_STEPS = 0, 1, 2, 3, 4
 REASONS = {OK: "ok", UNAVAILABLE: "unavailable", DEADLINE: "deadline", LATE: "late",
            NO_STEPS: "no_steps"}
 
-# relative slack in floor(budget / step_s) so that e.g. 0.3 s / 0.1 s gives 3 steps
+# relative slack in floor(budget / step_s) so that e.g. 0.3 s / 0.1 s gives 3 steps, and in
+# ceil(earliest_fraction * n) so that e.g. 0.07 * 100 = 7.000000000000001 gives 7
 STEP_TOLERANCE = 1e-9
+
+
+def earliest_count(fraction: float, n: int) -> int:
+    """K = ceil(fraction * n), the reports that close a round of ``n`` sampled clients.
+
+    The product is taken with a relative slack of ``STEP_TOLERANCE`` (a fraction written
+    as 0.07 or 0.55 is not exact in binary) and K is at least 1 when ``n >= 1``.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+    if n < 1:
+        return 0
+    return max(1, math.ceil(fraction * n * (1.0 - STEP_TOLERANCE)))
 
 
 @dataclass(frozen=True)
@@ -90,13 +105,14 @@ class RoundPlan:
 
         The others become LATE (steps and times 0). When at least ``k`` participants
         exist the server closes the round at the k-th arrival:
-        ``duration_s = k-th smallest total_s + server_s``; otherwise nothing changes.
-        (GIFT's "collect the 40% earliest" protocol.)
+        ``duration_s = k-th smallest total_s + server_s``, also when a deadline dropped
+        someone (the server has its k reports and stops waiting). With fewer than ``k``
+        participants nothing changes. (GIFT's "collect the 40% earliest" protocol.)
         """
         if int(k) < 1:
             raise ValueError(f"earliest(k) needs k >= 1, got {k}")
         part = np.flatnonzero(~self.dropped)
-        if part.size <= k:
+        if part.size < k:
             return self
         order = part[np.lexsort((self.clients[part], self.total_s[part]))]
         keep, late = order[:k], order[k:]
@@ -256,6 +272,12 @@ class SystemModel:
         granularity : int or int array
             A deadline-truncated client runs a multiple of this many steps (e.g. the
             client's steps per epoch to truncate to whole epochs). Default 1.
+
+        Notes
+        -----
+        With ``earliest_fraction < 1`` the cut to the first
+        ``K = earliest_count(earliest_fraction, len(clients))`` reports is taken over the
+        whole of ``clients``: pass the round's full cohort (the engine does, on every rank).
         """
         o = self.options
         c = self._clients(clients)
@@ -298,8 +320,12 @@ class SystemModel:
             if np.any(reason == DEADLINE):
                 duration = o.deadline_s
             duration = min(duration, o.deadline_s)
-        return RoundPlan(c, planned, steps, dropped, reason, step_s, down, compute, delay, up,
+        plan = RoundPlan(c, planned, steps, dropped, reason, step_s, down, compute, delay, up,
                          total, duration + o.server_s, o.server_s)
+        if o.earliest_fraction < 1.0 and n:
+            # after the deadline cut: only clients that fit it can be among the first K
+            plan = plan.earliest(earliest_count(o.earliest_fraction, n))
+        return plan
 
     @staticmethod
     def _ints(name: str, value, n: int, low: int) -> np.ndarray:
