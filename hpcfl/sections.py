@@ -16,6 +16,7 @@ from .algorithms.sampling import STATIC_WEIGHTS, canonical
 
 LOCAL_SOLVERS = tuple(registry.LOCAL)
 STEPS_POLICIES = tuple(registry.STEPS)
+TAU_STEPS = ("gift", "adacomm", "afl")   # one tau for the cohort, changed between rounds from tau0 = local_steps
 WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
 SERVER_RULES = tuple(registry.SERVER)
 STATEFUL_LOCAL = ("scaffold", "vr", "dyn")   # local add-ons with per-client state
@@ -78,7 +79,8 @@ class AlgorithmSection:
     steps: str | None = field(default=None, metadata={
         "choices": STEPS_POLICIES,
         "help": "local steps slot: epochs, fixed (local_steps), random_epochs, client_steps, gsnr, straggler "
-                "(slow clients run fewer epochs); unset: the preset's, else fixed when local_steps > 0, else epochs"})
+                "(slow clients run fewer epochs), gift, adacomm, afl (one tau for all, adapted between rounds from "
+                "tau0 = local_steps); unset: the preset's, else fixed when local_steps > 0, else epochs"})
     weights: str | None = field(default=None, metadata={
         "choices": WEIGHTS_POLICIES,
         "help": "aggregation weights slot: size (n_i), uniform, disco (FedDisco); unset: the preset's, else size"})
@@ -159,6 +161,9 @@ class AlgorithmSection:
                      f"{self.local!r}; set algorithm.local = 'prox' (FedProx) or algorithm.mu = 0")
         if self.steps == "fixed" and self.local_steps == 0:
             p.append("algorithm.steps = 'fixed' needs algorithm.local_steps > 0")
+        if self.steps in TAU_STEPS and self.local_steps == 0:
+            p.append(f"algorithm.steps = {self.steps!r} starts from tau0 = algorithm.local_steps; set "
+                     f"algorithm.local_steps > 0 (e.g. 100, the GIFT paper's tau0)")
         if self.steps == "epochs" and self.local_steps > 0:
             p.append("algorithm.local_steps is set but algorithm.steps = 'epochs'; drop one of them")
         if self.sampling != "uniform" and self.weights not in STATIC_WEIGHTS:

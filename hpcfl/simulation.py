@@ -372,6 +372,7 @@ def _round_records(algo, ctx, sums, gathered, diag):
     metrics = {
         "round": ctx.rnd + 1, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
         "clients_participating": len(ok), "lr": ctx.lr, "tau_eff": diag.get("tau_eff", float("nan")),
+        "sim_time_round": plan.duration_s if plan is not None else 0.0,
     }
     a1, a2, last = ([done[j][i] for j in rep] for i in (1, 3, 4))   # ||a||_1, ||a||_2^2, a_{-1}
     nova = nova_diagnostics(np.asarray(weights, dtype=np.float64)[rep], np.asarray(ctx.steps)[rep], a1, a2, last)

@@ -14,8 +14,10 @@ import torch
 
 from . import policies as pol
 from .disco import DiscoOptions, DiscoWeights
+from .afl import AflOptions, AflSteps
 from .feddyn import DynLocal, DynOptions, DynRule
 from .fedlga import LgaOptions, LgaRule
+from .gift import AdaCommOptions, AdaCommSteps, GiftOptions, GiftSteps
 from .gsnr import GsnrOptions, GsnrSteps
 from .server import AverageRule, NovaOptions, NovaRule
 from .straggler import StragglerOptions, StragglerSteps
@@ -55,6 +57,11 @@ STEPS = {
                                                     _a(b).epoch_rounding),
     "client_steps": lambda b: pol.ClientSteps(b.options, b.cfg.run.seed),
     "gsnr": lambda b: GsnrSteps(b.options, _a(b).local_steps, b.num_params),
+    # GIFT pools its own update sum unless the delta segment is the plain weighted sum of the updates
+    "gift": lambda b: GiftSteps(b.options, _a(b).local_steps, b.num_params, _a(b).server != "average"),
+    "adacomm": lambda b: AdaCommSteps(b.options, _a(b).local_steps, b.cfg.system is not None and b.cfg.system.enabled),
+    "afl": lambda b: AflSteps(b.options, _a(b).local_steps, b.num_params, b.cfg.run.rounds,
+                              b.cfg.system is not None and b.cfg.system.enabled),
     "straggler": lambda b: StragglerSteps(
         b.options, _a(b).local_epochs if b.options.unit == "epoch" else _a(b).local_steps, _a(b).batch_size,
         b.cfg.run.seed, b.num_clients, _a(b).epoch_rounding),
@@ -77,6 +84,9 @@ OPTIONS = {
     "disco": DiscoOptions,
     "gsnr": GsnrOptions,
     "straggler": StragglerOptions,
+    "gift": GiftOptions,
+    "adacomm": AdaCommOptions,
+    "afl": AflOptions,
     "lga": LgaOptions,
     "dyn": DynOptions,
 }
@@ -89,6 +99,9 @@ PRESETS = {
     "fedgsnr": {"local": "sgd", "weights": "size", "server": "average", "steps": "gsnr"},
     "fedlga": {"local": "sgd", "weights": "uniform", "server": "lga"},
     "feddyn": {"local": "dyn", "weights": "uniform", "server": "dyn"},
+    "gift": {"local": "sgd", "weights": "uniform", "server": "average", "steps": "gift"},
+    "adacomm": {"local": "sgd", "weights": "uniform", "server": "average", "steps": "adacomm"},
+    "afl": {"local": "sgd", "weights": "uniform", "server": "average", "steps": "afl"},
     "custom": {},
 }
 SLOTS = {"local": LOCAL, "steps": STEPS, "weights": WEIGHTS, "server": SERVER}

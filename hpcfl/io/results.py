@@ -25,6 +25,7 @@ one row per round or per participating client; the file is flushed after every r
                                             every algorithm (hpcfl.algorithms.nova_diag); NaN if
                                             nobody reported
     /metrics/sim_time              float64  cumulative simulated seconds ([system]; else 0)
+    /metrics/sim_time_round        float64  simulated seconds of the round ([system]; else 0)
     /metrics/time_decide, time_train, time_reduce, time_server, time_eval, time_round
                                    float64  real seconds per phase on rank 0 (decide: weights,
                                             statistics phase, steps)
@@ -39,6 +40,8 @@ one row per round or per participating client; the file is flushed after every r
     /metrics/<policy field>, /clients/<policy field>
                                             records a policy declares (FedDisco's discrepancy,
                                             FedGSNR's GSNR, ...), see docs/architecture.md
+    /controller_events             (round, old_tau, new_tau, reason) rows of the changes of tau
+                                   by GIFT, AdaComm or AFL (written when the run finishes)
     /clients_summary/<field>_<stat> float64 (clients,) per-client median or mean over rounds
                                             of fields declared with a summary
     /segments/<column>             one row per start or resume of the run: start_round (int64,
@@ -101,6 +104,7 @@ METRICS = {
     "nova_B": Field(F64, "steps", "Theorem 1's B = sum_R w_i (||a_i||_2^2 - a_{i,-1}^2)"),
     "nova_C": Field(F64, "steps^2", "Theorem 1's C = max_R (||a_i||_1^2 - ||a_i||_1 a_{i,-1})"),
     "sim_time": Field(F64, "s", "cumulative simulated time ([system]; else 0)"),
+    "sim_time_round": Field(F64, "s", "simulated length of this round ([system]; else 0)"),
     "time_decide": Field(F64, "s", "real time of the decisions (weights, statistics phase, steps), rank 0"),
     "time_train": Field(F64, "s", "real time of local training, rank 0"),
     "time_reduce": Field(F64, "s", "real time of the reduction, waiting for slower ranks included, rank 0"),
@@ -308,6 +312,7 @@ class ResultsWriter:
             g.attrs["input_shape"] = json.dumps([int(d) for d in input_shape])
             g.attrs["num_classes"] = int(num_classes)
         self._write_summaries()
+        self._write_events()
         self.file.attrs["status"] = "finished"
         self._commit_normal_mode()
 
@@ -358,6 +363,18 @@ class ResultsWriter:
             ds.attrs["unit"] = f.unit
             ds.attrs["description"] = f"{f.summary} over rounds of: {f.description}"
 
+    def _write_events(self) -> None:
+        """``/controller_events``: one row per change of tau by an adaptive-tau steps policy
+        (GIFT, AdaComm, AFL), rebuilt from ``/metrics/tau_event`` so that it holds after resumes."""
+        if "tau_event" not in self.file["metrics"]:
+            return
+        from ..algorithms.gift import events_table
+        m = self.file["metrics"]
+        table = events_table(*(m[k][()] for k in ("round", "tau_used", "tau_next", "tau_event")))
+        _describe(self.file.create_dataset("controller_events", data=table), "round, steps, steps, name",
+                  "changes of tau: (round, old_tau, new_tau, reason), reason in stagnation, relax, literal, "
+                  "adacomm, saturation, afl; the new tau is used from round + 1")
+
     def close(self) -> None:
         self.file.close()
 
@@ -375,6 +392,7 @@ class Results:
     param_names: list[str] = dc_field(default_factory=list)
     param_shapes: list[tuple] = dc_field(default_factory=list)
     summaries: dict[str, np.ndarray] = dc_field(default_factory=dict)
+    events: np.ndarray | None = None   # /controller_events (finished runs of an adaptive-tau policy)
     segments: list[dict] = dc_field(default_factory=list)   # one dict per start or resume
     units: dict = dc_field(default_factory=dict)   # {"metrics": {name: unit}, "clients": {...}}
     input_shape: tuple | None = None
@@ -448,6 +466,8 @@ def load(path: str | Path) -> Results:
             res.clients["round"] = res.clients["round"] + 1
         if "clients_summary" in f:
             res.summaries = {k: v[()] for k, v in f["clients_summary"].items()}
+        if "controller_events" in f:
+            res.events = f["controller_events"][()]
         if "final" in f:
             res.final_params = f["final/params"][()]
             res.param_names = [s.decode() if isinstance(s, bytes) else s for s in f["final/param_names"][()]]

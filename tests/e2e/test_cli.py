@@ -73,7 +73,7 @@ def test_results_schema(finished):
         assert f.attrs["world_size"] == 1 and json.loads(f.attrs["devices"]) == ["cpu"] and f.attrs["seed"] == 5
         m = f["metrics"]
         expected = {"round", "train_loss", "test_accuracy", "test_loss", "clients_participating",
-                    "global_train_loss", "global_train_accuracy", "lr", "tau_eff", "sim_time",
+                    "global_train_loss", "global_train_accuracy", "lr", "tau_eff", "sim_time", "sim_time_round",
                     "time_decide", "time_train", "time_reduce", "time_server", "time_eval", "time_round",
                     "nova_tau_eff", "nova_chi2", "nova_slowdown", "nova_A", "nova_B", "nova_C"}
         assert set(m) == expected

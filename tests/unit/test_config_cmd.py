@@ -122,7 +122,7 @@ def test_defaults_algorithm_lists_lr_with_default_type_and_help(capsys):
     assert lines[lines.index(row) + 1] == "client learning rate of the local SGD steps (before any lr schedule)"
     assert any(line.startswith("local = (unset)")
                and line.endswith("one of: sgd | prox | scaffold | vr | dyn, or unset") for line in lines)
-    assert "random_epochs, client_steps, nova, disco, gsnr, straggler, lga, dyn" in lines   # its component tables
+    assert "random_epochs, client_steps, nova, disco, gsnr, straggler, gift, adacomm, afl, lga, dyn" in lines   # its tables
 
 
 def test_defaults_of_a_component(capsys):

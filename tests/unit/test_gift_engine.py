@@ -1,0 +1,144 @@
+"""GIFT's policy on the round protocol: what it packs, what it reads back, and its records.
+
+The pure metric and controllers are checked in test_tau_control.py; here the engine side:
+the segments, the weights, the buffers left out (spec A7), the state round trip, the events
+table, and configuration errors.
+"""
+
+import numpy as np
+import pytest
+from runner import job, run_memory
+
+from hpcfl import config
+from hpcfl.algorithms import SCALARS, Algorithm
+from hpcfl.algorithms.gift import GiftOptions, GiftSteps, events_table
+from hpcfl.errors import ConfigError
+
+
+class _Res:
+    """The part of a ClientResult GIFT reads: the update as a host array."""
+
+    def __init__(self, delta):
+        self.delta = np.asarray(delta, dtype=np.float64)
+
+    def host(self):
+        return self.delta
+
+
+def _sums(policy, updates, weights, buffers):
+    """Reduced segments and scalars of a cohort, as the engine would hand them to rank 0."""
+    P = policy.P
+    seg = {"delta": np.zeros(P + len(buffers[0]))}
+    for name in [s.name for s in policy.segments()]:
+        seg[name] = np.zeros(P)
+    for u, w, b in zip(updates, weights, buffers):
+        seg["delta"] += w * np.concatenate([u, b])
+        for name, v in policy.pack(None, 0, 0, _Res(np.concatenate([u, b])), w).items():
+            seg[name] += v
+    sc = {"weight": float(sum(weights)), "count": float(len(updates))}
+    return seg, sc
+
+
+A4 = ([np.array([1.0, -2.0, 0.0]), np.array([3.0, 2.0, 0.0])])
+
+
+@pytest.mark.parametrize("own_sum", [False, True])
+def test_A4_hand_example_through_pack_and_sums(own_sum):
+    """Spec A4 through the policy's own pack and read-back: u1 = [1, -2, 0], u2 = [3, 2, 0], theta = 0
+    gives S = [4, 0, 0], A = [4, 4, 0], so coord_mean C = (1 + 0 + 0) / 3. With two buffer entries
+    after the 3 parameters, and with the update sum packed by GIFT itself (own_sum, as under FedNova's
+    rule) or read from the delta segment."""
+    pol = GiftSteps(GiftOptions(theta=0.0), 4, 3, own_sum)
+    seg, sc = _sums(pol, A4, [1.0, 1.0], [np.array([5.0, -7.0]), np.array([0.5, 9.0])])
+    np.testing.assert_array_equal(seg["gift_abs"], [4.0, 4.0, 0.0])
+    pol.decide(None, seg, sc)
+    assert pol.C == pytest.approx(1.0 / 3.0, abs=1e-15)
+
+
+def test_A4_l1_reduce_through_the_policy():
+    """Spec A4, l1: ||S||_1 / ||A||_1 = 4 / 8 = 0.5."""
+    pol = GiftSteps(GiftOptions(theta=0.0, reduce="l1"), 4, 3, False)
+    pol.decide(None, *_sums(pol, A4, [1.0, 1.0], [np.zeros(1), np.zeros(1)]))
+    assert pol.C == pytest.approx(0.5, abs=1e-15)
+
+
+def test_A7_buffers_do_not_change_C():
+    """Spec A7: random values added to the batch-norm entries (after the trainable prefix) of every
+    update leave C bitwise unchanged; so does any change of the weights' common scale (uniform
+    weights 1 vs 1/k both pool the plain sum)."""
+    rng = np.random.default_rng(0)
+    ups = [rng.normal(size=6) for _ in range(4)]
+    out = []
+    for bufs, w in (([np.zeros(3)] * 4, 1.0), ([rng.normal(size=3) * 100 for _ in range(4)], 1.0),
+                    ([rng.normal(size=3) for _ in range(4)], 0.25)):
+        pol = GiftSteps(GiftOptions(theta=0.5), 4, 6, False)
+        for _ in range(3):
+            pol.decide(None, *_sums(pol, ups, [w] * 4, bufs))
+        out.append(pol.C)
+    assert out[0] == out[1]
+    assert out[2] == pytest.approx(out[0], rel=1e-14)
+
+
+def test_size_weights_pool_the_weighted_sum_rescaled_to_the_count():
+    """Under unequal weights the pools hold (n / sum w) sum w_i u_i: with weights 3 and 1 on
+    u1 = [1], u2 = [-1] and theta = 0, S = 2 (3 - 1) / 4 = 1 and A = 2 (3 + 1) / 4 = 2, so C = 0.5;
+    pool_normalize = mean gives the same C (a common factor)."""
+    for mode in ("sum", "mean"):
+        pol = GiftSteps(GiftOptions(theta=0.0, pool_normalize=mode), 4, 1, False)
+        pol.decide(None, *_sums(pol, [np.array([1.0]), np.array([-1.0])], [3.0, 1.0], [np.zeros(0)] * 2))
+        assert pol.C == pytest.approx(0.5, abs=1e-15)
+
+
+def test_nobody_reported_keeps_tau_and_records_nan():
+    pol = GiftSteps(GiftOptions(), 4, 2, False)
+    tau = pol.decide(None, {"delta": np.zeros(2), "gift_abs": np.zeros(2)}, {"weight": 0.0, "count": 0.0})
+    assert tau == (4, "") and np.isnan(pol.C)
+
+
+def test_B5_state_round_trip_continues_bitwise():
+    """Spec B5 at the policy level: the checkpointed arrays (tau_control, gift_pools) loaded into a
+    fresh policy continue the same tau and C sequence, bit for bit."""
+    rng = np.random.default_rng(1)
+    opts = GiftOptions(patience=2, warmup=2, eps_abs=0.0)
+    a, b = GiftSteps(opts, 16, 5, False), GiftSteps(opts, 16, 5, False)
+    data = [[rng.normal(size=5) * 0.97**r for _ in range(3)] for r in range(40)]
+    trail = []
+    for r, ups in enumerate(data):
+        if r == 20:
+            for item_a, item_b in zip(a.state(), b.state()):
+                item_b.set(np.array(item_a.get(), copy=True))
+        for pol in (a, b) if r >= 20 else (a,):
+            tau, _ = pol.decide(None, *_sums(pol, ups, [1.0] * 3, [np.zeros(0)] * 3))
+            pol.receive(tau)
+        if r >= 20:
+            trail.append((a.tau, a.C, a.iters) == (b.tau, b.C, b.iters))
+    assert all(trail) and a.iters > 0
+
+
+def test_events_table_lists_the_changes():
+    t = events_table([1, 2, 3, 4], [8, 8, 4, 4], [8, 4, 4, 9], [0, 1, 0, 2])
+    assert t.tolist() == [(2, 8, 4, b"stagnation"), (4, 4, 9, b"relax")]
+    assert events_table([1], [3], [3], [0]).shape == (0,)
+
+
+def test_segments_and_transfer_in_the_layout():
+    """The reduction row is [delta (L) | gift_abs (P) | scalars] under the average rule, plus gift_sum (P)
+    under FedNova's; GIFT charges nothing to the simulated clock."""
+    for server, extra in (("average", 1), ("nova", 2)):
+        cfg = config.from_dict(job(**{"algorithm.name": "gift", "algorithm.server": server}))
+        algo = Algorithm(cfg, 10, 8, 2, "cpu", None, np.array([5, 5, 5]))
+        assert algo.layout.length == 10 + extra * 8 + len(SCALARS)
+        assert algo.transfer() == (0, 0)
+
+
+def test_tau_policies_need_tau0():
+    for name in ("gift", "adacomm", "afl"):
+        with pytest.raises(ConfigError, match="local_steps > 0"):
+            config.from_dict(job(**{"algorithm.name": name, "algorithm.local_steps": 0}))
+
+
+def test_afl_without_clock_needs_c_and_b():
+    from mpi4py import MPI
+
+    with pytest.raises(ConfigError, match="algorithm.afl.compute_s"):
+        run_memory(job(**{"algorithm.name": "afl", "algorithm.local_steps": 4, "run.rounds": 12}), MPI.COMM_SELF)
