@@ -141,7 +141,7 @@ class AflSteps(TauSteps):
             return self.tau, ""
         beta, rho, delta, step_s, comm = self.acc[:5] / self.acc[5]
         budget = self.opts.budget_s or self.rounds * (step_s * self.tau0 + comm)
-        tau = tc.afl_tau(ctx.lr, beta, rho, delta, self.opts.phi, step_s, comm, budget, self.opts.tau_max)
+        tau = tc.afl_tau(ctx.lr, beta, rho, delta, self.opts.phi, step_s, comm, budget, int(self.opts.tau_max))
         return int(tau), "afl"
 
     def round_records(self, ctx) -> dict:

@@ -159,12 +159,15 @@ class GiftSteps(TauSteps):
     def __init__(self, opts: GiftOptions, tau0: int, num_params: int, own_sum: bool):
         super().__init__(tau0, "gift")
         self.opts, self.P, self.own_sum = opts, int(num_params), bool(own_sum)
-        self.ctl = tc.GiftController(
-            tau0, mode=opts.mode, theta=opts.theta, gamma=opts.gamma, reduce=opts.reduce, patience=opts.patience,
-            warmup=opts.warmup, eps_abs=opts.eps_abs, eps_rel=opts.eps_rel, peak_guard=opts.peak_guard,
-            scale_patience=opts.scale_patience, reset_ema_on_tau_change=opts.reset_ema, tau_min=opts.tau_min,
-            relaxation=opts.relax, delta=opts.delta, o=opts.o, phase=opts.phase, tau_max=opts.tau_max or None,
-            size=self.P)
+        try:
+            self.ctl = tc.GiftController(
+                tau0, mode=opts.mode, theta=opts.theta, gamma=opts.gamma, reduce=opts.reduce,
+                patience=opts.patience, warmup=opts.warmup, eps_abs=opts.eps_abs, eps_rel=opts.eps_rel,
+                peak_guard=opts.peak_guard, scale_patience=opts.scale_patience, reset_ema_on_tau_change=opts.reset_ema,
+                tau_min=opts.tau_min, relaxation=opts.relax, delta=opts.delta, o=opts.o, phase=opts.phase,
+                tau_max=opts.tau_max or None, size=self.P)
+        except ValueError as e:   # e.g. tau_max below tau0: say which table to fix
+            raise ConfigError(f"[algorithm.gift] with tau0 = algorithm.local_steps = {tau0}: {e}") from e
         self.C = float("nan")
 
     def segments(self) -> list[Segment]:
@@ -179,7 +182,7 @@ class GiftSteps(TauSteps):
         return out
 
     def decide(self, ctx, seg, sc) -> tuple[int, str]:
-        if sc["weight"] == 0:           # nobody reported: no pools to update, tau stays
+        if sc["weight"] == 0:   # nobody reported: no pools to update, tau stays (patience counts reporting rounds)
             self.C = float("nan")
             return self.tau, ""
         S = seg["gift_sum"] if self.own_sum else seg["delta"][: self.P]
@@ -220,9 +223,12 @@ class AdaCommSteps(TauSteps):
 
     def __init__(self, opts: AdaCommOptions, tau0: int, clock: bool):
         super().__init__(tau0, "adacomm")
-        self.ctl = tc.AdaCommController(tau0, interval_s=opts.interval_s or None, interval_rounds=opts.interval_rounds,
-                                        saturation_fix=opts.saturation_fix, tau_max=opts.tau_max or None,
-                                        clock=clock)
+        try:
+            self.ctl = tc.AdaCommController(tau0, interval_s=opts.interval_s or None,
+                                            interval_rounds=opts.interval_rounds, saturation_fix=opts.saturation_fix,
+                                            tau_max=opts.tau_max or None, clock=clock)
+        except ValueError as e:   # e.g. interval_s without [system] enabled
+            raise ConfigError(f"[algorithm.adacomm] with tau0 = algorithm.local_steps = {tau0}: {e}") from e
 
     def decide(self, ctx, seg, sc) -> tuple[int, str]:
         loss = sc["weight_loss"] / sc["weight"] if sc["weight"] else math.nan

@@ -142,3 +142,14 @@ def test_afl_without_clock_needs_c_and_b():
 
     with pytest.raises(ConfigError, match="algorithm.afl.compute_s"):
         run_memory(job(**{"algorithm.name": "afl", "algorithm.local_steps": 4, "run.rounds": 12}), MPI.COMM_SELF)
+
+
+def test_controller_parameter_errors_name_the_table():
+    """A tau_max below tau0 (or AdaComm's interval_s without the clock) is a configuration error that
+    names the table, not a traceback from the controller."""
+    with pytest.raises(ConfigError, match=r"\[algorithm.gift\].*tau_max"):
+        GiftSteps(GiftOptions(tau_max=50), 100, 3, False)
+    from hpcfl.algorithms.gift import AdaCommOptions, AdaCommSteps
+
+    with pytest.raises(ConfigError, match=r"\[algorithm.adacomm\].*clock"):
+        AdaCommSteps(AdaCommOptions(interval_s=5.0), 10, clock=False)
