@@ -61,8 +61,10 @@ def owners(num_clients: int, size: int, placement: str = "block") -> np.ndarray:
         N, the number of simulated clients.
     size : int
         Number of ranks R. Must not exceed N.
-    placement : {"block", "round_robin"}
-        "block": contiguous blocks of sizes differing by at most one (default).
+    placement : {"balanced", "block", "round_robin"}
+        "block": contiguous blocks of sizes differing by at most one. "balanced" uses the
+        same blocks as the clients' home (where per-client state lives); each round's
+        training is then dealt by :func:`deal`.
         "round_robin": client i on rank i mod R (used to test placement invariance).
 
     Returns
@@ -75,7 +77,7 @@ def owners(num_clients: int, size: int, placement: str = "block") -> np.ndarray:
             f"every rank needs at least one client: start at most {num_clients} ranks "
             f"or raise data.num_clients"
         )
-    if placement == "block":
+    if placement in ("block", "balanced"):
         # Same split as numpy.array_split: the first N mod R blocks get one more.
         base, extra = divmod(num_clients, size)
         counts = np.full(size, base, dtype=np.int64)
@@ -83,7 +85,39 @@ def owners(num_clients: int, size: int, placement: str = "block") -> np.ndarray:
         return np.repeat(np.arange(size, dtype=np.int64), counts)
     if placement == "round_robin":
         return np.arange(num_clients, dtype=np.int64) % size
-    raise ConfigError(f"runtime.placement = {placement!r}; choose 'block' or 'round_robin'")
+    raise ConfigError(f"runtime.placement = {placement!r}; choose 'balanced', 'block' or 'round_robin'")
+
+
+def deal(work: np.ndarray, size: int) -> np.ndarray:
+    """Rank that trains each cohort member this round: longest processing time first.
+
+    Members are taken in order of decreasing expected ``work`` (ties: lower cohort
+    position first) and each goes to the rank with the least work so far (ties: the lower
+    rank). The busiest rank then carries at most 4/3 of the optimum (Graham 1969), and
+    usually within one client's work of an even split. Identical on every rank, since
+    ``work`` is.
+
+    Parameters
+    ----------
+    work : (k,) array of float
+        Expected cost of each cohort member (0: nothing to train, placed anyway).
+    size : int
+        Number of ranks R.
+
+    Returns
+    -------
+    (k,) int64, the rank of each cohort position.
+    """
+    work = np.asarray(work, dtype=np.float64)
+    out = np.zeros(len(work), dtype=np.int64)
+    if size == 1:
+        return out
+    load = np.zeros(size, dtype=np.float64)
+    for j in np.lexsort((np.arange(len(work)), -work)):   # by -work, then position
+        r = int(np.argmin(load))                             # argmin takes the first (lowest) rank on ties
+        out[j] = r
+        load[r] += work[j]
+    return out
 
 
 def fixed_point_bits(total: int) -> int:

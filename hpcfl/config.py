@@ -32,7 +32,7 @@ SWEEP_REFUSED = "this job declares a [sweep]; run it with `hpcfl sweep JOB` (or 
 
 # Keys that may differ between a checkpoint's job and the resuming job (with --allow-change).
 SAFE_TO_CHANGE = ("run.rounds", "run.eval_every", "runtime.progress", "runtime.threads", "runtime.device",
-                  "runtime.placement", "runtime.eval_batch_size", "checkpoint.", "watchdog.", "results.")
+                  "runtime.placement", "runtime.eval_batch_size", "data.cache", "checkpoint.", "watchdog.", "results.")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class FlatModel:
         self.num_params = int(sum(sizes[: len(params)]))
         self.length = int(sum(sizes))
         self.flat = torch.zeros(self.length, device=device, dtype=dtype)
+        self._grad_flat: torch.Tensor | None = None   # grad_into's buffer, made on first use
         offset = 0
         for (name, tensor), size in zip(params + buffers, sizes):
             view = self.flat[offset : offset + size].view_as(tensor)
@@ -78,6 +79,24 @@ class FlatModel:
         """Gradient of ``loss`` w.r.t. the parameters as one flat tensor, shape (num_params,)."""
         grads = torch.autograd.grad(loss, self.params)
         return torch.cat([g.reshape(-1) for g in grads])
+
+    def grad_into(self, loss: torch.Tensor) -> torch.Tensor:
+        """Like :meth:`grad`, into one buffer kept for the model's life: no allocation per step.
+
+        Every parameter's ``.grad`` is a view into the buffer, zeroed here before the
+        backward pass accumulates into it. The result is overwritten by the next call: use
+        it before then (the local-training loop does); :meth:`grad` returns a fresh tensor.
+        """
+        if self._grad_flat is None:
+            self._grad_flat = torch.zeros(self.num_params, device=self.device, dtype=self.dtype)
+            offsets = np.cumsum([0] + [p.numel() for p in self.params])
+            self._grad_views = [self._grad_flat[a:b].view_as(p) for p, a, b in zip(self.params, offsets, offsets[1:])]
+        for p, view in zip(self.params, self._grad_views):
+            if p.grad is not view:   # first use, or someone (zero_grad) reset it
+                p.grad = view
+        self._grad_flat.zero_()
+        loss.backward()
+        return self._grad_flat
 
     def numpy(self) -> np.ndarray:
         """A host copy of the flat vector."""

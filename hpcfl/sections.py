@@ -60,6 +60,10 @@ class DataSection:
     partition: str = field(default="iid", metadata={
         "help": "how the training set is split over the clients; its options go in [data.<partition>]"})
     num_clients: int = field(default=10, metadata={"gt": 0, "help": "number of simulated clients K"})
+    cache: str = field(default="auto", metadata={
+        "help": "where generated datasets (synthetic, synthetic_images, gaussian_mixture, lga_synthetic) are kept "
+                "between runs, keyed by their options and seed: auto ($HPCFL_CACHE_DIR, else ~/.cache/hpcfl), off, "
+                "or a folder"})
 
 
 @dataclass(frozen=True)
@@ -187,13 +191,15 @@ class RuntimeSection:
     dtype: str = field(default="float32", metadata={
         "choices": ("float32", "float64"),
         "help": "floating-point precision of the model, the data and training"})
-    placement: str = field(default="block", metadata={
-        "choices": ("block", "round_robin"),
-        "help": "clients to ranks: block (contiguous) or round_robin (client i on rank i mod R); results do not "
-                "depend on it"})
-    vectorize: str = field(default="off", metadata={
-        "choices": ("off", "on"),
-        "help": "on: train a rank's clients in batched groups (one forward/backward for many clients; pays for "
+    placement: str = field(default="balanced", metadata={
+        "choices": ("balanced", "block", "round_robin"),
+        "help": "clients to ranks: balanced (each round's cohort dealt to ranks by expected work, longest first; "
+                "algorithms with per-client state or a statistics phase train clients on their home block), "
+                "block (contiguous) or round_robin (client i on rank i mod R); results do not depend on it"})
+    vectorize: str = field(default="auto", metadata={
+        "choices": ("auto", "off", "on"),
+        "help": "auto: batched groups for models with a closed-form batched gradient (quadratic, logreg), else one "
+                "client at a time; on: train a rank's clients in batched groups (one forward/backward for many clients; pays for "
                 "tiny models such as the quadratic, logreg and small MLPs); results equal the sequential loop's "
                 "within float rounding and are bitwise the same on any number of ranks; models it cannot take "
                 "(batch norm, dropout, augmentation) are refused with the reason"})

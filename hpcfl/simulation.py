@@ -31,7 +31,7 @@ from .algorithms import SCALARS, Algorithm
 from .algorithms.policies import epoch_steps
 from .algorithms.protocol import RoundContext
 from .client.trainer import LocalClients, Trainer, evaluate_chunks
-from .comm import Collectives, ExactSum, make_sum, node_layout, owners
+from .comm import Collectives, ExactSum, deal, make_sum, node_layout, owners
 from .config import GuardSection
 from .control import RunControl
 from .errors import ConfigError
@@ -52,8 +52,8 @@ class Setup:
     sizes: np.ndarray      # (N,) samples per client
     owner: np.ndarray      # (N,) rank of each client
     slot: np.ndarray       # (N,) position of a client among its rank's clients (-1 elsewhere)
-    client_index: torch.Tensor   # this rank's clients' indices, concatenated, on device
-    client_offset: np.ndarray    # (local clients + 1,) offsets into client_index
+    client_index: torch.Tensor   # every client's sample indices, concatenated in id order, on device
+    client_offset: np.ndarray    # (N + 1,) offsets into client_index
     model: FlatModel
     trainer: Trainer
     algo: Algorithm
@@ -62,7 +62,8 @@ class Setup:
     threads: int
     class_counts: np.ndarray = None   # (N, C) label counts per client
     system: object = None  # hpcfl.system.SystemModel when [system] enabled
-    block: object = None   # hpcfl.client.block.BlockTrainer with runtime.vectorize = "on"
+    block: object = None   # hpcfl.client.block.BlockTrainer when runtime.vectorize chose it
+    dealt: bool = False    # each round's training dealt to ranks by expected work (runtime.placement)
 
 
 def prepare(cfg, comm) -> Setup:
@@ -75,7 +76,7 @@ def prepare(cfg, comm) -> Setup:
     torch.set_num_threads(threads)
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
 
-    ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed)
+    ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
     parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients, cfg.partition_options,
                                 cfg.run.seed, ds)
     if len(parts) != cfg.data.num_clients:
@@ -90,8 +91,9 @@ def prepare(cfg, comm) -> Setup:
     mine = np.flatnonzero(owner == comm.rank)
     slot = np.full(cfg.data.num_clients, -1, dtype=np.int64)
     slot[mine] = np.arange(mine.size)
-    offsets = np.concatenate([[0], np.cumsum(sizes[mine])])
-    index = np.concatenate([parts[i] for i in mine]).astype(np.int64)
+    # Every client's indices (8 bytes per training sample) on every rank, so that any rank can train any client.
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    index = np.concatenate(parts).astype(np.int64)
 
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
@@ -104,14 +106,7 @@ def prepare(cfg, comm) -> Setup:
         augment = augment_batch
     trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
     algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype, sizes)
-    block = None
-    if cfg.runtime.vectorize == "on":
-        from .client import block as blocks
-        why = blocks.unsupported(model, augment, algo.solver.spec)
-        if why is not None:
-            raise ConfigError(f"runtime.vectorize = 'on' cannot train model {cfg.model.name!r} on "
-                              f"{cfg.data.dataset!r} in batched groups: {why}; set runtime.vectorize = 'off'")
-        block = blocks.BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size)
+    block = _block_trainer(cfg, comm, model, augment, algo, x_train, y_train)
     system = None
     if cfg.system is not None and cfg.system.enabled:
         from .system import SystemModel
@@ -121,14 +116,51 @@ def prepare(cfg, comm) -> Setup:
         system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
                              download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
+    dealt = cfg.runtime.placement == "balanced" and comm.size > 1
+    pinned = algo.pinned() if dealt else []
+    if pinned:
+        dealt = False
+        if comm.rank == 0:
+            print(f"hpcfl: runtime.placement = 'balanced': clients train on their home block of ranks, because "
+                  f"{'; '.join(pinned)} needs them there", flush=True)
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block)
+                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block, dealt)
 
 
-def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def _block_trainer(cfg, comm, model, augment, algo, x_train, y_train):
+    """The vectorised trainer when ``runtime.vectorize`` asks for it (or "auto" picks it), else None.
+
+    "auto" is a rule, not a timing, so that the mode (and with it the last bits of the
+    results) is a function of the job alone: blocks for models with a closed-form batched
+    gradient (``batched_loss_grad``: the quadratic, logistic regression), where they were
+    measured 2-18x faster on one CPU core (docs/architecture.md), and the sequential loop
+    for everything else.
+    """
+    from .client import block as blocks
+
+    mode = cfg.runtime.vectorize
+    if mode == "off":
+        return None
+    why = blocks.unsupported(model, augment, algo.solver.spec)
+    if mode == "on" and why is not None:
+        raise ConfigError(f"runtime.vectorize = 'on' cannot train model {cfg.model.name!r} on "
+                          f"{cfg.data.dataset!r} in batched groups: {why}; set runtime.vectorize = 'off'")
+    if mode == "auto":
+        closed = getattr(model.module, "batched_loss_grad", None) is not None
+        if why is not None or not closed:
+            return None
+        if comm.rank == 0:
+            print(f"hpcfl: runtime.vectorize = 'auto': training clients in batched groups (model "
+                  f"{cfg.model.name!r} has a closed-form batched gradient; 'off' for the one-by-one loop)", flush=True)
+    return blocks.BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size)
+
+
+def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = None) -> tuple[float, float]:
     """(accuracy, mean loss) of the current model on (x, y), the same on every rank.
+
+    ``index``: evaluate on ``x[index], y[index]`` without materialising them.
 
     A model whose outputs hold NaN or Inf on any chunk gives (NaN, inf): the loop then
     ends the run as diverged.
@@ -136,11 +168,11 @@ def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     Chunks of ``eval_batch_size`` samples are dealt to ranks round-robin; their counts
     and loss sums are reduced exactly, so the result does not depend on the rank count.
     """
-    n = x.shape[0]
+    n = x.shape[0] if index is None else int(index.numel())
     bs = s.cfg.runtime.eval_batch_size
     chunks = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
     acc = ExactSum(4)
-    for row in evaluate_chunks(s.model, x, y, chunks[s.comm.rank :: s.comm.size]):
+    for row in evaluate_chunks(s.model, x, y, chunks[s.comm.rank :: s.comm.size], index):
         # A finite model can still overflow in its forward pass (a diverging run in float32):
         # such a chunk is counted, not summed, and every rank learns of it from the sum.
         acc.add(np.append(row, 0.0) if np.isfinite(row).all() else np.array([0.0, 0.0, 0.0, 1.0]))
@@ -216,6 +248,8 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             ctx.plan = s.system.plan(rnd, ctx.cohort, ctx.steps, B, _granularity(s, ctx))
             ctx.steps = ctx.plan.steps
             sim_time += ctx.plan.duration_s
+        if s.dealt:   # from here on "mine" is the share dealt to this rank (no policy keeps per-client data)
+            ctx.mine = np.flatnonzero(deal(_work(ctx, B), comm.size) == comm.rank)
         t_decide = time.perf_counter()
 
         # 3-4. local training of this rank's cohort clients, one contribution row each
@@ -271,7 +305,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             s.model.load(x)
             test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
             if train_eval is not None:
-                train_acc, train_loss = evaluate(s, *train_eval)
+                train_acc, train_loss = evaluate(s, s.trainer.x, s.trainer.y, train_eval)
             if np.isinf(test_loss) or np.isinf(train_loss):   # the same verdict on every rank
                 raise Diverged(rnd + 1, "the global model's outputs")
         t4 = time.perf_counter()
@@ -300,7 +334,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
 
 def _local_training(s: Setup, ctx, x0: torch.Tensor):
     """Train this rank's cohort clients that have steps; yields (cohort position, ClientResult)
-    in cohort order, one client at a time or, with ``runtime.vectorize = "on"``, in batched
+    in cohort order, one client at a time or, when ``runtime.vectorize`` chose it, in batched
     groups (:mod:`hpcfl.client.block`). Each client's randomness is keyed by (seed, round,
     client, draw) either way, so both give every client the same batches."""
     seed, algo = s.cfg.run.seed, s.algo
@@ -322,6 +356,15 @@ def _local_training(s: Setup, ctx, x0: torch.Tensor):
     yield from zip(todo, s.block.train(x0, jobs, algo.solver.spec, ctx.lr, corrections))
 
 
+def _work(ctx, batch_size: int) -> np.ndarray:
+    """Expected training cost of each cohort member, (k,): steps times samples per step.
+
+    A client smaller than one batch runs smaller steps. The per-step cost of one model is
+    otherwise the same for every client, so this orders clients by their real work.
+    """
+    return np.asarray(ctx.steps, dtype=np.float64) * np.minimum(ctx.sizes, batch_size)
+
+
 def _occurrence(cohort: np.ndarray, j: int) -> int:
     """How many earlier positions of the (sorted) cohort hold the same client: 0 unless
     sampling draws a client twice (``with_replacement``)."""
@@ -335,10 +378,10 @@ def _granularity(s: Setup, ctx: RoundContext):
     return epoch_steps(1, ctx.sizes, s.cfg.algorithm.batch_size)
 
 
-def _train_eval_set(s: Setup) -> tuple[torch.Tensor, torch.Tensor]:
-    """The samples held by clients, for F(x) = sum_i p_i F_i(x) with p_i = n_i / n."""
-    idx = torch.from_numpy(np.sort(np.concatenate(s.parts)).astype(np.int64)).to(s.device)
-    return s.trainer.x[idx], s.trainer.y[idx]
+def _train_eval_set(s: Setup) -> torch.Tensor:
+    """Indices of the samples held by clients, for F(x) = sum_i p_i F_i(x) with p_i = n_i / n
+    (an index, not a copy: the training set stays on the device once)."""
+    return torch.from_numpy(np.sort(np.concatenate(s.parts)).astype(np.int64)).to(s.device)
 
 
 def _round_records(algo, ctx, sums, gathered, diag):

@@ -10,6 +10,21 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mpi_report import pytest_configure, pytest_sessionstart, pytest_unconfigure  # noqa: E402, F401
 
 
+def _private_dataset_cache():
+    """Generated datasets go to a fresh folder per test process (and its children), removed at
+    exit: tests never read a cache left by another version, nor fill the user's ~/.cache."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="hpcfl-test-cache-")
+    os.environ["HPCFL_CACHE_DIR"] = folder
+    atexit.register(shutil.rmtree, folder, True)
+
+
+_private_dataset_cache()
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 ORIGINAL_HANDLERS = {s: signal.getsignal(s) for s in STOP_SIGNALS}   # pytest's, before any test ran
 

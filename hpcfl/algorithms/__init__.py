@@ -150,6 +150,26 @@ class Algorithm:
         """Every :class:`ClientTable` and :class:`ServerArray` of the run (checkpointed)."""
         return [server_momentum_state(self.server_opt)] + [item for p in self.policies for item in p.state()]
 
+    def pinned(self) -> list[str]:
+        """Policies that need a client trained on its home rank, as ``"Class (reason)"``.
+
+        Per-client state (a :class:`ClientTable`) lives on the home rank, and a statistics
+        phase or a hold/release computes per-client values there that packing reads back.
+        With none of them, each round's training can be dealt to any rank
+        (``runtime.placement = "balanced"``) without moving anything.
+        """
+        from .protocol import ClientTable, Policy
+
+        out = []
+        for p in self.policies:
+            why = [name for name in ("statistics", "hold", "release")
+                   if getattr(type(p), name) is not getattr(Policy, name)]
+            if any(isinstance(item, ClientTable) for item in p.state()):
+                why.insert(0, "per-client state")
+            if why:
+                out.append(f"{type(p).__name__} ({', '.join(why)})")
+        return out
+
     def transfer(self) -> tuple[int, int]:
         """Extra floats per client and round: (upload, download), beyond the model."""
         ups, downs = zip(*(p.transfer() for p in self.policies))

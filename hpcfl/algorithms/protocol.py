@@ -119,7 +119,10 @@ class RoundContext:
     lr : float
         The round's client learning rate.
     mine : (m,) int64
-        Positions j in ``cohort`` of the clients this rank owns.
+        Positions j in ``cohort`` of the clients this rank handles: the ones it owns (its
+        home block) up to the steps decision; under ``runtime.placement = "balanced"`` the
+        share of the training dealt to it from then on (only when no policy pins clients to
+        their home rank, see ``Algorithm.pinned``).
     owned : (n,) int64
         Ids of every client this rank owns (cohort or not), e.g. for a setup that each
         client computes once.

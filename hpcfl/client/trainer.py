@@ -108,7 +108,7 @@ class Trainer:
             if self.augment is not None:
                 xb = self.augment(xb, gen)
             loss = loss_fn(m.module(xb), yb)
-            g = m.grad(loss)
+            g = m.grad_into(loss)   # reused buffer: consumed by the solver's step right away
             with torch.no_grad():
                 solver.step(w, g, corr)
             loss_sum += loss.detach()
@@ -122,8 +122,7 @@ class Trainer:
 class LocalClients:
     """This rank's cohort clients in one round, as the statistics phase sees them.
 
-    ``indices(j)`` are the client's training-sample indices (cohort position ``j``, owned
-    by this rank); ``data(j, positions)`` its samples at those positions (no
+    ``indices(j)`` are the client's training-sample indices (cohort position ``j``); ``data(j, positions)`` its samples at those positions (no
     augmentation); ``generator(j)`` a torch generator keyed by (seed, STATS, round,
     client); ``x0`` the round-start flat model, which ``load_x0`` puts into ``model``;
     ``correction(j)`` the local solver's gradient correction for that client (SCAFFOLD's
@@ -141,10 +140,8 @@ class LocalClients:
         self._algo = s.algo
 
     def indices(self, j: int) -> torch.Tensor:
-        slot = int(self._slot[self.cohort[j]])
-        if slot < 0:
-            raise RuntimeError(f"client {self.cohort[j]} is not owned by this rank")
-        return self._index[self._offset[slot] : self._offset[slot + 1]]
+        cid = int(self.cohort[j])   # every rank holds every client's indices: training may be dealt anywhere
+        return self._index[self._offset[cid] : self._offset[cid + 1]]
 
     def data(self, j: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.indices(j)[positions.to(self._index.device)]
@@ -161,22 +158,28 @@ class LocalClients:
 
 
 @torch.no_grad()
-def evaluate_chunks(model: FlatModel, x, y, chunks: list[tuple[int, int]]) -> list[np.ndarray]:
+def evaluate_chunks(model: FlatModel, x, y, chunks: list[tuple[int, int]], index=None) -> list[np.ndarray]:
     """Per-chunk [correct, loss_sum, count] of the model on test slices.
 
     Chunk boundaries are fixed by the test set, not by the rank layout, so each chunk's
     values are the same whichever rank computes them; the exact reduction then makes
-    the totals independent of the number of ranks.
+    the totals independent of the number of ranks. With ``index`` (a tensor of sample
+    indices) the chunks are positions in it, gathered one chunk at a time: the training
+    set is evaluated in place, never copied whole.
     """
     model.module.eval()
     custom = getattr(model.module, "loss", None)   # models with their own objective have no accuracy
     rows = []
     for lo, hi in chunks:
-        out = model.module(x[lo:hi])
-        if custom is not None:
-            loss, correct = custom(out, y[lo:hi]) * (hi - lo), 0.0   # accuracy reported as NaN
+        if index is None:
+            xb, yb = x[lo:hi], y[lo:hi]
         else:
-            loss = F.cross_entropy(out, y[lo:hi], reduction="sum")
-            correct = float((out.argmax(1) == y[lo:hi]).sum())
+            xb, yb = x[index[lo:hi]], y[index[lo:hi]]
+        out = model.module(xb)
+        if custom is not None:
+            loss, correct = custom(out, yb) * (hi - lo), 0.0   # accuracy reported as NaN
+        else:
+            loss = F.cross_entropy(out, yb, reduction="sum")
+            correct = float((out.argmax(1) == yb).sum())
         rows.append(np.array([correct, float(loss), float(hi - lo)]))
     return rows

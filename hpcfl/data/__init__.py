@@ -95,10 +95,18 @@ def partition_options(name: str) -> type:
     return _lookup(PARTITIONS, name, "data.partition").options
 
 
-def load_dataset(name: str, options, root: str | None, seed: int) -> Dataset:
-    """Load dataset ``name``; ``options`` None means all defaults."""
+def load_dataset(name: str, options, root: str | None, seed: int, cache: str = "off") -> Dataset:
+    """Load dataset ``name``; ``options`` None means all defaults.
+
+    ``cache`` is ``data.cache`` ("auto", "off" or a folder): generated datasets are read
+    from there when an earlier run stored them (:mod:`hpcfl.data.cache`).
+    """
+    from . import cache as _cache
+
     spec = _lookup(DATASETS, name, "data.dataset")
-    return spec.load(options if options is not None else spec.options(), root, int(seed))
+    opts = options if options is not None else spec.options()
+    root_dir = _cache.cache_root(cache) if spec.cache else None
+    return _cache.load_or_make(root_dir, name, opts, int(seed), lambda: spec.load(opts, root, int(seed)))
 
 
 def load_labels(name: str, options, root: str | None, seed: int) -> Dataset:

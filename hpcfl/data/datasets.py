@@ -52,6 +52,7 @@ class DatasetSpec:
     load: Callable[..., Dataset]
     doc: str
     labels: Callable[..., Dataset] | None = None
+    cache: bool = False   # a pure function of (options, seed) worth caching on disk (hpcfl.data.cache)
 
 
 @dataclass(frozen=True)
@@ -372,18 +373,21 @@ def check_arrays(name: str, x: np.ndarray, y: np.ndarray, what: str) -> None:
 
 EMBEDDED = {
     "synthetic": DatasetSpec(
-        SyntheticOptions, load_synthetic, "Synthetic(alpha, beta) of FedProx/LEAF, 60 features, natural clients"
+        SyntheticOptions, load_synthetic, "Synthetic(alpha, beta) of FedProx/LEAF, 60 features, natural clients",
+        cache=True,
     ),
     "gaussian_mixture": DatasetSpec(
-        GaussianMixtureOptions, load_gaussian_mixture, "GMM-10 of FedGSNR: 10 classes x 6 modes in 20 dimensions"
+        GaussianMixtureOptions, load_gaussian_mixture, "GMM-10 of FedGSNR: 10 classes x 6 modes in 20 dimensions",
+        cache=True,
     ),
     "digits": DatasetSpec(DigitsOptions, load_digits_dataset, "scikit-learn 8x8 digits, 1797 images, no download"),
     "synthetic_images": DatasetSpec(
         SyntheticImagesOptions, load_synthetic_images, "CIFAR-shaped class-mean images plus noise (bench W)",
-        load_synthetic_images_labels,
+        load_synthetic_images_labels, cache=True,
     ),
     "lga_synthetic": DatasetSpec(
-        LgaSyntheticOptions, load_lga_synthetic, "FedLGA sanity data: 10 classes, tanh-mixed 32-d Gaussians"
+        LgaSyntheticOptions, load_lga_synthetic, "FedLGA sanity data: 10 classes, tanh-mixed 32-d Gaussians",
+        cache=True,
     ),
 }
 

@@ -126,9 +126,49 @@ def test_placements_agree_with_each_other():
     comm = MPI.COMM_WORLD
     a = run_memory(job(**{"runtime.placement": "block"}), comm)
     b = run_memory(job(**{"runtime.placement": "round_robin"}), comm)
+    c = run_memory(job(**{"runtime.placement": "balanced"}), comm)
     if comm.rank == 0:
-        assert a[0].tobytes() == b[0].tobytes()
+        assert a[0].tobytes() == b[0].tobytes() == c[0].tobytes()
         assert np.isfinite(a[1][-1]["test_accuracy"])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_balanced_placement_deals_each_round_and_pins_stateful_algorithms(capsys):
+    """Dealt training covers every cohort member once, with even shares; SCAFFOLD's rows stay home."""
+    from hpcfl import config, simulation
+
+    comm = MPI.COMM_WORLD
+    s = simulation.prepare(config.from_dict(job(**{"run.rounds": 4})), comm)
+    assert s.dealt
+    trained, train = [], s.trainer.train
+
+    def recording(x0, indices, steps, *args, **kwargs):
+        trained.append(int(indices.numel()))    # client sizes: tell the clients apart well enough here
+        return train(x0, indices, steps, *args, **kwargs)
+
+    s.trainer.train = recording
+    per_round = []
+    orig_deal = simulation.deal
+
+    def spy(work, size):
+        ranks = orig_deal(work, size)
+        per_round.append(np.bincount(ranks, minlength=size))
+        return ranks
+
+    simulation.deal = spy
+    try:
+        simulation.run(s)
+    finally:
+        simulation.deal = orig_deal
+    counts = comm.allgather(len(trained))
+    assert sum(counts) == 4 * 5                                     # every member once, 4 rounds of 5
+    for shares in per_round:                                        # 4 steps each: equal work per client
+        assert shares.sum() == 5 and shares.max() - shares.min() <= 1
+    capsys.readouterr()
+    pinned = simulation.prepare(config.from_dict(job(**{"algorithm.name": "scaffold"})), comm)
+    assert not pinned.dealt
+    if comm.rank == 0:
+        assert "because Scaffold (per-client state) needs them there" in capsys.readouterr().out
 
 
 @pytest.mark.mpi(min_size=2)

@@ -138,8 +138,9 @@ def test_E2_one_training_reduction_per_round_and_idle_ranks_send_zeros(monkeypat
     values. With K = ceil(0.2 * 10) = 2 reporters, some rank trains nobody in some round: it adds
     no row (count 0), does not deadlock, and the run still equals the 1-rank run bit for bit."""
     world = MPI.COMM_WORLD
-    # seed 1: the reporters of round 5 are clients 1 and 3, both on rank 0 at 2 and at 3 ranks
-    t = table(E1, {"system.earliest_fraction": 0.2, "run.rounds": 6, "run.seed": 1})
+    # seed 1: the reporters of round 5 are clients 1 and 3, both on rank 0 at 2 and at 3 ranks when clients
+    # train on their home blocks (balanced placement would deal the two reporters to two ranks)
+    t = table(E1, {"system.earliest_fraction": 0.2, "run.rounds": 6, "run.seed": 1, "runtime.placement": "block"})
     ref = run_memory(t, MPI.COMM_SELF) if world.rank == 0 else None
     world.Barrier()
     reduces, policy = [], []

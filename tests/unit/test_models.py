@@ -351,3 +351,24 @@ def test_wrong_options_type_is_a_programming_error():
         build_model("vgg11", model_options("vgg16")(), CIFAR, 10)
     with pytest.raises(ValueError):
         build_model("mlp", model_options("mlp")(), CIFAR, 0)
+
+
+def test_grad_into_equals_grad_and_reuses_one_buffer():
+    """The training loop's gradient (no per-step allocation) is bitwise the fresh one, also
+    after ``zero_grad`` dropped the views and with a batch-norm model's buffers after the parameters."""
+    import torch.nn.functional as F
+
+    from hpcfl.params import FlatModel
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 3))
+    m = FlatModel(net, torch.device("cpu"), torch.float64)
+    x, y = torch.randn(7, 5, dtype=torch.float64), torch.randint(0, 3, (7,))
+    want = m.grad(F.cross_entropy(m.module(x), y))
+    first = m.grad_into(F.cross_entropy(m.module(x), y))
+    assert torch.equal(first, want) and first.numel() == m.num_params
+    again = m.grad_into(F.cross_entropy(m.module(2 * x), y))
+    assert again.data_ptr() == first.data_ptr()                   # the same buffer, overwritten
+    assert torch.equal(again, m.grad(F.cross_entropy(m.module(2 * x), y)))
+    m.module.zero_grad()                                          # sets every .grad to None
+    assert torch.equal(m.grad_into(F.cross_entropy(m.module(x), y)), want)

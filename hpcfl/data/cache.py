@@ -1,0 +1,117 @@
+"""A disk cache for generated datasets, keyed by everything that determines them.
+
+Generating workload W's 60,000 CIFAR-shaped images takes seconds on every rank at every
+start; mapping them back from ``.npy`` files takes milliseconds. Only
+datasets that are pure functions of (name, options, seed) are cached (``DatasetSpec.cache``),
+as one folder of ``.npy`` files per entry, mapped (not read) on load:
+the key is a hash of those and of :data:`VERSION`, which changes whenever a generator's
+output would, so a stale file can never be read for a new recipe.
+
+Where: ``data.cache`` in the job file. ``"auto"`` (the default) is ``$HPCFL_CACHE_DIR``, else
+``$XDG_CACHE_HOME/hpcfl``, else ``~/.cache/hpcfl``; ``"off"`` disables it; anything else is a
+folder. An entry is written to a temporary folder and renamed into place, so ranks (or jobs)
+that generate the same dataset at once leave one whole entry, never a torn one. An entry
+that cannot be read is regenerated and replaced; a folder that cannot be written only
+costs the speed-up (a message says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .datasets import Dataset
+
+VERSION = 1   # bump when any cached generator's output changes
+
+
+def cache_root(setting: str) -> Path | None:
+    """The cache folder for ``data.cache`` (None when it is "off")."""
+    if setting == "off":
+        return None
+    if setting != "auto":
+        return Path(setting).expanduser()
+    if os.environ.get("HPCFL_CACHE_DIR"):
+        return Path(os.environ["HPCFL_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hpcfl"
+
+
+def key(name: str, options, seed: int) -> str:
+    """16 hex digits of SHA-256 over (version, name, options, seed)."""
+    opts = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else repr(options)
+    text = json.dumps({"v": VERSION, "name": name, "options": opts, "seed": int(seed)}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def path_for(root: Path, name: str, options, seed: int) -> Path:
+    """The entry's folder: one ``.npy`` file per array and ``meta.json``."""
+    return root / "datasets" / f"{name}-{key(name, options, seed)}"
+
+
+def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Dataset:
+    """The dataset from the cache, or ``make()`` (then stored). ``root`` None: always ``make()``."""
+    if root is None:
+        return make()
+    path = path_for(root, name, options, seed)
+    if path.exists():
+        try:
+            return _read(path)
+        except (OSError, ValueError, KeyError) as err:
+            print(f"hpcfl: dataset cache entry {path} is unreadable ({err}); generating the data again", flush=True)
+    ds = make()
+    try:
+        _write(path, ds)
+    except OSError as err:
+        print(f"hpcfl: could not write the dataset cache {path} ({err}); set data.cache = 'off' or a writable "
+              f"folder to silence this", flush=True)
+    return ds
+
+
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _write(path: Path, ds: Dataset) -> None:
+    """Write the entry into a fresh folder, then rename it into place (atomic on POSIX)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {name: getattr(ds, name) for name in ARRAYS}
+    meta = {"name": ds.name, "num_classes": ds.num_classes, "input_shape": list(ds.input_shape),
+            "augment": ds.augment, "natural": ds.natural_clients is not None}
+    if ds.natural_clients is not None:   # ragged: concatenated, with offsets
+        arrays["natural_index"] = np.concatenate(ds.natural_clients).astype(np.int64)
+        arrays["natural_offset"] = np.cumsum([0] + [len(c) for c in ds.natural_clients]).astype(np.int64)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    tmp.mkdir()
+    try:
+        for name, arr in arrays.items():
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr))
+        (tmp / "meta.json").write_text(json.dumps(meta))   # written last: its presence marks a whole entry
+        if path.exists():               # a damaged entry being replaced
+            shutil.rmtree(path)
+        try:
+            os.replace(tmp, path)       # a reader sees no entry or a whole one
+        except OSError:
+            if not (path / "meta.json").exists():   # not another process's identical entry, written first
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read(path: Path) -> Dataset:
+    """Arrays mapped copy-on-write: pages are read when first touched, shared between the ranks
+    of a node until one writes, and never written back."""
+    meta = json.loads((path / "meta.json").read_text())
+    arr = {name: np.load(path / f"{name}.npy", mmap_mode="c", allow_pickle=False) for name in ARRAYS}
+    natural = None
+    if meta["natural"]:
+        idx, off = np.load(path / "natural_index.npy"), np.load(path / "natural_offset.npy")
+        natural = tuple(idx[off[i] : off[i + 1]] for i in range(len(off) - 1))
+    return Dataset(name=meta["name"], num_classes=int(meta["num_classes"]), input_shape=tuple(meta["input_shape"]),
+                   augment=bool(meta["augment"]), natural_clients=natural, **arr)
