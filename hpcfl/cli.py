@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 # Commands that live in their own modules: each has add_parser(subparsers) and
 # main(args, comm) -> exit code, and imports nothing heavy at module level.
 EXTERNAL = {"report": "hpcfl.analysis.report", "plot": "hpcfl.analysis.plots", "sweep": "hpcfl.sweep",
-            "config": "hpcfl.config_cmd"}
+            "config": "hpcfl.config_cmd", "bench": "hpcfl.bench"}
 
 
 def _agree(comm, err: Exception | None) -> None:

@@ -1,0 +1,159 @@
+"""``hpcfl bench``: a named workload through the engine and through a bare torch loop, side by side.
+
+    hpcfl bench W                         # layouts 1 x cores and cores x 1
+    hpcfl bench vgg11 --layout 2x1 --rounds 3
+    hpcfl bench scale --layout 1x2
+
+For each layout (R ranks x T torch threads) it runs, one after the other in this sitting,
+the engine and the bare loop (:mod:`hpcfl.bench.bare`) as separate processes (``mpiexec``
+for R > 1), then prints per side: steady seconds per round (mean of rounds 2..R) split by
+phase, SGD steps per second, start-up before round 1, peak memory per rank, and the ratio
+hpcfl / bare of the steady seconds per round (below 1: the engine is faster). Figures
+go to ``--out`` as JSON. Workloads are defined in docs/workloads.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def add_parser(sub) -> None:
+    from .workloads import WORKLOADS
+
+    p = sub.add_parser("bench", help="a benchmark workload through hpcfl and a bare torch loop, as a ratio",
+                       description="Run a named workload through the engine and through a bare torch loop doing "
+                                   "the same SGD work, one after the other, and print both and their ratio. "
+                                   "Workloads: " + "; ".join(f"{k}: {v[0]}" for k, v in WORKLOADS.items()))
+    p.add_argument("workload", choices=list(WORKLOADS))
+    p.add_argument("--layout", action="append", metavar="RxT",
+                   help="R MPI ranks x T threads each, e.g. 2x1 (repeatable); default 1xC and Cx1 for C cores")
+    p.add_argument("--rounds", type=int, help="override the workload's rounds (steady figures need 2 or more)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of the workload's job for both sides, e.g. data.cache=off")
+    p.add_argument("--only", choices=("hpcfl", "bare"), help="run one side only")
+    p.add_argument("--out", help="folder for the JSON figures (default: a temporary folder, removed)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per process (default 3600)")
+
+
+def _layouts(given, cores: int) -> list[tuple[int, int]]:
+    from ..errors import ConfigError
+
+    if not given:
+        return [(1, cores), (cores, 1)] if cores > 1 else [(1, 1)]
+    out = []
+    for text in given:
+        try:
+            r, t = (int(v) for v in text.lower().split("x"))
+            if r < 1 or t < 1:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"--layout {text!r}: write RANKSxTHREADS with both at least 1, e.g. 2x1") from None
+        out.append((r, t))
+    return out
+
+
+def _command(side: str, a, ranks: int, threads: int, path: str) -> list[str]:
+    args = ["--side", side, "--workload", a.workload, "--threads", str(threads), "--json", path]
+    if a.rounds:
+        args += ["--rounds", str(a.rounds)]
+    for o in a.overrides:
+        args += ["--set", o]
+    if ranks == 1:
+        return [sys.executable, "-m", "hpcfl.bench.side", *args]
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        from ..errors import ConfigError
+
+        raise ConfigError("a layout with more than one rank needs mpiexec on PATH (pip install mpich)")
+    return [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "hpcfl.bench.side", *args]
+
+
+def summarize(fig: dict) -> dict:
+    """Steady figures of one side: mean over rounds 2.. (round 1 also when it is the only one)."""
+    rows = fig["rounds"][1:] or fig["rounds"]
+    n = len(rows)
+    phases = [k for k in ("decide", "train", "reduce", "server", "eval") if k in rows[0]]
+    per_round = sum(r["round_s"] for r in rows) / n
+    steps = sum(r["steps"] for r in rows) if fig["side"] == "hpcfl" else None
+    out = {"s_per_round": per_round, "phases": {k: sum(r[k] for r in rows) / n for k in phases},
+           "startup_s": fig["startup_s"], "peak_rss_mb": max(fig["peak_rss_mb"]), "total_steps": fig["total_steps"],
+           "accuracy": fig["rounds"][-1]["accuracy"]}
+    # steps in the steady rounds: the engine records them; the bare loop's are its total less round 1's share
+    if steps is None:
+        steps = fig["total_steps"] * (n / len(fig["rounds"])) if len(fig["rounds"]) > 1 else fig["total_steps"]
+    out["steps_per_s"] = steps / (per_round * n) if per_round > 0 else float("nan")
+    return out
+
+
+def _line(name: str, s: dict) -> str:
+    ph = " ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
+    return (f"  {name:<6} {s['s_per_round']:8.3f} s/round ({ph})  {s['steps_per_s']:8.1f} steps/s  "
+            f"start-up {s['startup_s']:5.1f} s  peak {s['peak_rss_mb']:7.0f} MB/rank  acc {s['accuracy']:.4f}")
+
+
+def main(a, comm) -> int:
+    from ..errors import HpcflError
+
+    try:
+        return _main(a, comm)
+    except HpcflError as err:
+        print(f"hpcfl bench: {err}", file=sys.stderr)
+        return 2
+    except subprocess.TimeoutExpired as err:
+        print(f"hpcfl bench: a process ran past --timeout {err.timeout:.0f} s and was stopped", file=sys.stderr)
+        return 1
+
+
+def _main(a, comm) -> int:
+    from ..errors import ConfigError
+    from .workloads import WORKLOADS, workload
+
+    if comm.size > 1:
+        raise ConfigError("run `hpcfl bench` without mpiexec: it starts the ranks of each layout itself")
+    workload(a.workload)   # an unknown name fails here, before anything runs
+    layouts = _layouts(a.layout, os.cpu_count() or 1)
+    out_dir = a.out or tempfile.mkdtemp(prefix="hpcfl-bench-")
+    os.makedirs(out_dir, exist_ok=True)
+    sides = [a.only] if a.only else ["hpcfl", "bare"]
+    print(f"hpcfl bench {a.workload}: {WORKLOADS[a.workload][0]}", flush=True)
+    results = []
+    try:
+        for ranks, threads in layouts:
+            figs = {}
+            for side in sides:
+                path = os.path.join(out_dir, f"{a.workload}_{side}_{ranks}x{threads}.json")
+                cmd = _command(side, a, ranks, threads, path)
+                print(f"  running {side} on {ranks} x {threads}: {' '.join(cmd)}", flush=True)
+                env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+                proc = subprocess.run(cmd, env=env, timeout=a.timeout, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(proc.stdout[-2000:] + proc.stderr[-4000:], file=sys.stderr)
+                    print(f"hpcfl bench: the {side} process failed (exit {proc.returncode})", file=sys.stderr)
+                    return 1
+                with open(path) as f:
+                    figs[side] = json.load(f)
+            summary = {side: summarize(f) for side, f in figs.items()}
+            print(f"{ranks} rank(s) x {threads} thread(s):")
+            for side, s in summary.items():
+                print(_line(side, s))
+            if len(summary) == 2:
+                ratio = summary["hpcfl"]["s_per_round"] / summary["bare"]["s_per_round"]
+                extra = ", vectorised blocks" if figs["hpcfl"].get("vectorize") else ""
+                dealt = "dealt by work" if figs["hpcfl"].get("dealt") else "home blocks"
+                print(f"  ratio hpcfl / bare (s per round): {ratio:.3f}x  ({1 / ratio:.2f}x the bare loop's speed; "
+                      f"hpcfl clients {dealt}{extra})", flush=True)
+                summary["ratio"] = ratio
+            results.append({"ranks": ranks, "threads": threads, **summary})
+        with open(os.path.join(out_dir, f"{a.workload}_summary.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        if a.out:
+            print(f"figures: {out_dir}")
+    finally:
+        if not a.out:
+            shutil.rmtree(out_dir, ignore_errors=True)
+    return 0

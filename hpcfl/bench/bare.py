@@ -1,0 +1,105 @@
+"""The bare torch loop ``hpcfl bench`` compares the engine with.
+
+It does a workload's SGD work the way one would write it without a simulator: the same
+data, clients, cohorts and local steps as the engine (taken from hpcfl's data layer and
+sampler, so the work is identical), a local ``nn.Module`` with a fresh ``torch.optim.SGD``
+per client, batches gathered by index from the training tensor, and, under MPI, each
+round's cohort dealt to ranks longest-first (greedy balancing) with one float64
+``Allreduce`` of ``[sum p_i delta_i | sum p_i]`` per round. No exact reduction, no records,
+no checkpoints, no guards: what the engine adds is measured against this.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def run_bare(job: dict, comm) -> dict:
+    """Train ``job``'s workload; returns per-round phase seconds and the work done (every rank)."""
+    from .. import config, data, models
+    from ..algorithms.sampling import Sampler
+    from ..comm import deal
+
+    cfg = config.from_dict(job)
+    a = cfg.algorithm
+    rank, size = comm.rank, comm.size
+    ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
+    parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients, cfg.partition_options,
+                                cfg.run.seed, ds)
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    parts_t = [torch.from_numpy(p) for p in parts]
+    x_train, y_train = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train)
+    x_test, y_test = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
+    sampler = Sampler("uniform", a.clients_per_round, cfg.run.seed, sizes.astype(np.float64))
+    B = a.batch_size
+
+    def steps_of(n: int) -> int:
+        return a.local_steps if a.local_steps > 0 else a.local_epochs * -(-n // B)
+
+    torch.manual_seed(cfg.run.seed)
+    net = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
+    params = [p for p in net.parameters()]
+    global_flat = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    L = global_flat.numel()
+    acc = np.zeros(L + 1, dtype=np.float64)
+    rounds = []
+    t_loop = time.time()
+    for rnd in range(cfg.run.rounds):
+        t0 = time.perf_counter()
+        cohort, _ = sampler.cohort(rnd)
+        steps = np.array([steps_of(int(sizes[c])) for c in cohort])
+        mine = np.flatnonzero(deal(steps * np.minimum(sizes[cohort], B), size) == rank)
+        acc.fill(0.0)
+        done = 0
+        net.train()
+        for j in mine:
+            cid = int(cohort[j])
+            torch.nn.utils.vector_to_parameters(global_flat, params)
+            opt = torch.optim.SGD(params, lr=a.lr)
+            gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + rnd * 100_003 + cid)
+            idx, n = parts_t[cid], int(sizes[cid])
+            perm, pos = None, n
+            for _ in range(int(steps[j])):
+                if pos >= n:
+                    perm, pos = idx[torch.randperm(n, generator=gen)], 0
+                batch = perm[pos : pos + B]
+                pos += B
+                opt.zero_grad()
+                F.cross_entropy(net(x_train[batch]), y_train[batch]).backward()
+                opt.step()
+                done += 1
+            delta = torch.nn.utils.parameters_to_vector(params).detach() - global_flat
+            acc[:L] += float(sizes[cid]) * delta.double().numpy()
+            acc[L] += float(sizes[cid])
+        t1 = time.perf_counter()
+        if size > 1:
+            from mpi4py import MPI
+            comm.Allreduce(MPI.IN_PLACE, acc, op=MPI.SUM)
+        global_flat += torch.from_numpy(acc[:L] / acc[L]).to(global_flat.dtype)
+        t2 = time.perf_counter()
+        accuracy = float("nan")
+        last = rnd == cfg.run.rounds - 1
+        if last or (cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0):
+            accuracy = _evaluate(net, params, global_flat, x_test, y_test, comm)
+        t3 = time.perf_counter()
+        rounds.append({"round": rnd + 1, "train": t1 - t0, "reduce": t2 - t1, "eval": t3 - t2, "round_s": t3 - t0,
+                       "steps": done, "accuracy": accuracy})
+    return {"t_loop": t_loop, "rounds": rounds}
+
+
+@torch.no_grad()
+def _evaluate(net, params, flat, x, y, comm) -> float:
+    torch.nn.utils.vector_to_parameters(flat, params)
+    net.eval()
+    chunks = [(lo, min(lo + 1000, len(y))) for lo in range(0, len(y), 1000)][comm.rank :: comm.size]
+    correct = np.zeros(1)
+    for lo, hi in chunks:
+        correct[0] += float((net(x[lo:hi]).argmax(1) == y[lo:hi]).sum())
+    if comm.size > 1:
+        from mpi4py import MPI
+        comm.Allreduce(MPI.IN_PLACE, correct, op=MPI.SUM)
+    return correct[0] / len(y)

@@ -1,0 +1,102 @@
+"""One measured process of ``hpcfl bench`` (started by it, once per side and layout).
+
+    [mpiexec -n R python -m mpi4py] -m hpcfl.bench.side --side hpcfl|bare --workload W --json OUT
+
+Runs the workload through the engine (``hpcfl``: ``simulation.prepare`` and ``run``, in
+process, no results file) or through the bare loop (:mod:`hpcfl.bench.bare`), and writes
+one JSON object on rank 0: per-round seconds by phase, local steps, start-up (process
+start to the first round), peak RSS of every rank, and the final test accuracy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+T_IMPORT = time.time()
+
+
+def process_start() -> float:
+    """Epoch seconds at which this process started (Linux /proc; else this module's import)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return T_IMPORT
+
+
+T_START = process_start()
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # kB on Linux
+
+
+def run_engine(job: dict, comm, threads: int) -> dict:
+    from .. import config, simulation
+
+    job = dict(job, runtime=dict(job.get("runtime", {}), threads=threads))
+    cfg = config.from_dict(job)
+    s = simulation.prepare(cfg, comm)
+    rounds = []
+
+    def on_round(m, clients):
+        ok = clients["dropped"] == 0
+        rounds.append({"round": int(m["round"]), "decide": m["time_decide"], "train": m["time_train"],
+                       "reduce": m["time_reduce"], "server": m["time_server"], "eval": m["time_eval"],
+                       "round_s": m["time_round"], "steps": int(clients["steps"][ok].sum()),
+                       "accuracy": float(m["test_accuracy"])})
+
+    t_loop = time.time()
+    simulation.run(s, on_round=on_round)
+    return {"t_loop": t_loop, "rounds": rounds, "vectorize": s.block is not None, "dealt": s.dealt}
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--side", choices=("hpcfl", "bare"), required=True)
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--json", required=True)
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from ..comm import world
+    from ..config import apply_overrides
+    from .workloads import workload
+
+    torch.set_num_threads(a.threads)
+    comm = world()
+    job = apply_overrides(workload(a.workload, a.rounds), a.overrides)
+    if a.side == "hpcfl":
+        out = run_engine(job, comm, a.threads)
+    else:
+        from .bare import run_bare
+        out = run_bare(job, comm)
+    rss = comm.gather(peak_rss_mb(), root=0)
+    steps = comm.reduce(sum(r["steps"] for r in out["rounds"]), root=0) if a.side == "bare" else None
+    if comm.rank == 0:
+        out.update(side=a.side, workload=a.workload, ranks=comm.size, threads=a.threads, startup_s=out["t_loop"] - T_START,
+                   peak_rss_mb=rss)
+        if steps is not None:   # the bare loop counts its own rank's steps; the engine's records hold all
+            out["total_steps"] = steps
+        else:
+            out["total_steps"] = sum(r["steps"] for r in out["rounds"])
+        with open(a.json, "w") as f:
+            json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""``hpcfl bench``: both sides do the same SGD work, and the figures it prints are its JSON's."""
+
+import json
+
+import pytest
+from clirun import hpcfl
+
+from hpcfl.bench import _layouts, summarize
+from hpcfl.errors import ConfigError
+
+TINY = ["--set", "data.synthetic_images.num_train=640", "--set", "data.synthetic_images.num_test=100",
+        "--set", "data.num_clients=10", "--set", "algorithm.clients_per_round=4", "--set", "data.cache=off"]
+
+
+@pytest.mark.parametrize("layout", ["1x1", "2x1"])
+def test_bench_runs_both_sides_on_the_same_work(tmp_path, layout):
+    p = hpcfl("bench", "W", "--rounds", "3", "--layout", layout, "--out", str(tmp_path), *TINY, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = layout[0]
+    hp = json.loads((tmp_path / f"W_hpcfl_{layout}.json").read_text())
+    bare = json.loads((tmp_path / f"W_bare_{layout}.json").read_text())
+    # the same cohorts and one local epoch of batch 32 each: identical step counts, round by round
+    assert hp["total_steps"] == bare["total_steps"] > 0
+    if r == "1":                                        # the bare loop's rows count its own rank's steps
+        assert [row["steps"] for row in hp["rounds"]] == [row["steps"] for row in bare["rounds"]]
+    assert len(hp["peak_rss_mb"]) == len(bare["peak_rss_mb"]) == int(r)
+    assert hp["dealt"] is (r == "2")                    # FedAvg is dealt by work on several ranks
+    summary = json.loads((tmp_path / "W_summary.json").read_text())[0]
+    ratio = summary["hpcfl"]["s_per_round"] / summary["bare"]["s_per_round"]
+    assert summary["ratio"] == pytest.approx(ratio)
+    assert f"ratio hpcfl / bare (s per round): {ratio:.3f}x" in p.stdout
+    assert "steps/s" in p.stdout and "start-up" in p.stdout and "MB/rank" in p.stdout
+
+
+def test_summary_by_hand():
+    fig = {"side": "hpcfl", "startup_s": 1.5, "peak_rss_mb": [100.0, 120.0], "total_steps": 30,
+           "rounds": [{"round_s": 9.0, "train": 8.0, "reduce": 1.0, "steps": 10, "accuracy": 0.1},
+                      {"round_s": 2.0, "train": 1.5, "reduce": 0.5, "steps": 8, "accuracy": 0.2},
+                      {"round_s": 4.0, "train": 3.0, "reduce": 1.0, "steps": 12, "accuracy": 0.3}]}
+    s = summarize(fig)
+    assert s["s_per_round"] == 3.0                        # rounds 2 and 3: (2 + 4) / 2
+    assert s["phases"] == {"train": 2.25, "reduce": 0.75}
+    assert s["steps_per_s"] == 20 / 6                     # 8 + 12 steps in 6 s
+    assert s["peak_rss_mb"] == 120.0 and s["accuracy"] == 0.3
+    bare = dict(fig, side="bare", total_steps=30)         # the bare loop reports totals: 2/3 of them steady
+    assert summarize(bare)["steps_per_s"] == pytest.approx(20 / 6)
+
+
+def test_layouts_default_and_errors():
+    assert _layouts(None, 2) == [(1, 2), (2, 1)]
+    assert _layouts(None, 1) == [(1, 1)]
+    assert _layouts(["2x1", "1X4"], 8) == [(2, 1), (1, 4)]
+    for bad in ("2", "0x1", "ax1"):
+        with pytest.raises(ConfigError, match="RANKSxTHREADS"):
+            _layouts([bad], 2)
+
+
+def test_unknown_workload_is_refused_by_the_parser():
+    p = hpcfl("bench", "nope")
+    assert p.returncode == 2 and "invalid choice: 'nope'" in p.stderr
