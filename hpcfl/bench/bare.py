@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 
 
-def run_bare(job: dict, comm) -> dict:
-    """Train ``job``'s workload; returns per-round phase seconds and the work done (every rank)."""
+def run_bare(job: dict, comm, reverse: bool = False) -> dict:
+    """Train ``job``'s workload; returns per-round phase seconds and the work done (every rank),
+    and the final flat model (``final``). ``reverse`` trains each rank's clients in reverse
+    order (FedAvg does not depend on the order: a test checks the loop keeps clients independent)."""
     from .. import config, data, models
     from ..algorithms.sampling import Sampler
     from ..comm import deal
@@ -45,6 +47,10 @@ def run_bare(job: dict, comm) -> dict:
     params = [p for p in net.parameters()]
     global_flat = torch.nn.utils.parameters_to_vector(params).detach().clone()
     L = global_flat.numel()
+    # the parameters become views of one local vector (vector_to_parameters assigns views, not
+    # copies); each client starts by copying the global model into it
+    local_flat = global_flat.clone()
+    torch.nn.utils.vector_to_parameters(local_flat, params)
     acc = np.zeros(L + 1, dtype=np.float64)
     rounds = []
     t_loop = time.time()
@@ -56,9 +62,10 @@ def run_bare(job: dict, comm) -> dict:
         acc.fill(0.0)
         done = 0
         net.train()
-        for j in mine:
+        for j in (mine[::-1] if reverse else mine):
             cid = int(cohort[j])
-            torch.nn.utils.vector_to_parameters(global_flat, params)
+            with torch.no_grad():
+                local_flat.copy_(global_flat)
             opt = torch.optim.SGD(params, lr=a.lr)
             gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + rnd * 100_003 + cid)
             idx, n = parts_t[cid], int(sizes[cid])
@@ -72,7 +79,7 @@ def run_bare(job: dict, comm) -> dict:
                 F.cross_entropy(net(x_train[batch]), y_train[batch]).backward()
                 opt.step()
                 done += 1
-            delta = torch.nn.utils.parameters_to_vector(params).detach() - global_flat
+            delta = local_flat.detach() - global_flat
             acc[:L] += float(sizes[cid]) * delta.double().numpy()
             acc[L] += float(sizes[cid])
         t1 = time.perf_counter()
@@ -84,16 +91,16 @@ def run_bare(job: dict, comm) -> dict:
         accuracy = float("nan")
         last = rnd == cfg.run.rounds - 1
         if last or (cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0):
-            accuracy = _evaluate(net, params, global_flat, x_test, y_test, comm)
+            accuracy = _evaluate(net, local_flat, global_flat, x_test, y_test, comm)
         t3 = time.perf_counter()
         rounds.append({"round": rnd + 1, "train": t1 - t0, "reduce": t2 - t1, "eval": t3 - t2, "round_s": t3 - t0,
                        "steps": done, "accuracy": accuracy})
-    return {"t_loop": t_loop, "rounds": rounds}
+    return {"t_loop": t_loop, "rounds": rounds, "final": global_flat.numpy().copy()}
 
 
 @torch.no_grad()
-def _evaluate(net, params, flat, x, y, comm) -> float:
-    torch.nn.utils.vector_to_parameters(flat, params)
+def _evaluate(net, local_flat, flat, x, y, comm) -> float:
+    local_flat.copy_(flat)
     net.eval()
     chunks = [(lo, min(lo + 1000, len(y))) for lo in range(0, len(y), 1000)][comm.rank :: comm.size]
     correct = np.zeros(1)

@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     else:
         from .bare import run_bare
         out = run_bare(job, comm)
+        out.pop("final")
     rss = comm.gather(peak_rss_mb(), root=0)
     steps = comm.reduce(sum(r["steps"] for r in out["rounds"]), root=0) if a.side == "bare" else None
     if comm.rank == 0:
