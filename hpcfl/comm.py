@@ -128,7 +128,8 @@ def fixed_point_bits(total: int) -> int:
 class ExactSum:
     """Order-independent exact sum of float64 rows across all ranks.
 
-    Usage: ``acc = ExactSum(length)``; ``acc.add(row)`` for each local contribution;
+    Usage: ``acc = ExactSum(length)``; ``acc.add(row)`` for each local contribution (or
+    ``acc.claim()``, fill the returned buffer in place, ``acc.commit()``);
     ``acc.reduce(comm, total, root=0)`` on every rank. ``total`` is the number of
     contributions over all ranks (it bounds the integer sum); all ranks must pass the
     same value. ``reset()`` starts the next sum and keeps every buffer: touching fresh
@@ -155,14 +156,27 @@ class ExactSum:
         row = np.asarray(row, dtype=np.float64).reshape(-1)
         if row.shape != (self.length,):
             raise ValueError(f"row of shape {row.shape}, expected ({self.length},)")
-        if not np.isfinite(row).all():
-            raise FloatingPointError("a contribution holds NaN or Inf; it cannot be summed")
+        np.copyto(self.claim(), row)
+        self.commit()
+
+    def claim(self) -> np.ndarray:
+        """The next row buffer (length,) float64, to be filled in place and then :meth:`commit`-ed.
+
+        Lets the caller write a contribution where it is kept, instead of building it
+        elsewhere and copying it in.
+        """
         if self.count == len(self._pool):
             self._pool.append(np.empty(self.length, dtype=np.float64))
-        buf = self._pool[self.count]
-        np.copyto(buf, row)
+        return self._pool[self.count]
+
+    def commit(self) -> None:
+        """Count the claimed row: refuse NaN and Inf, fold |row| into the running max."""
+        buf, tmp = self._pool[self.count], self._scratch()
+        np.abs(buf, out=tmp)
+        if not np.isfinite(tmp.max()):       # max propagates NaN and Inf: one read instead of isfinite's array
+            raise FloatingPointError("a contribution holds NaN or Inf; it cannot be summed")
+        np.maximum(self.maxabs, tmp, out=self.maxabs)
         self.count += 1
-        np.maximum(self.maxabs, np.abs(buf, out=self._scratch()), out=self.maxabs)
 
     def _scratch(self) -> np.ndarray:
         if self._tmp is None:
@@ -228,6 +242,15 @@ class FloatSum:
         if not np.isfinite(row).all():
             raise FloatingPointError("a contribution holds NaN or Inf; it cannot be summed")
         self.acc += row
+
+    def claim(self) -> np.ndarray:
+        """A scratch row to fill in place, then :meth:`commit` (same protocol as ExactSum)."""
+        if getattr(self, "_row", None) is None:
+            self._row = np.empty(self.length, dtype=np.float64)
+        return self._row
+
+    def commit(self) -> None:
+        self.add(self._row)
 
     def reduce(self, comm, total: int, root: int | None = 0) -> np.ndarray | None:
         MPI = mpi_module()

@@ -106,7 +106,8 @@ def prepare(cfg, comm) -> Setup:
         augment = augment_batch
     trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
     algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype, sizes)
-    block = _block_trainer(cfg, comm, model, augment, algo, x_train, y_train)
+    from .client.block import choose_block_trainer
+    block = choose_block_trainer(cfg, comm, model, augment, algo.solver.spec, x_train, y_train)
     system = None
     if cfg.system is not None and cfg.system.enabled:
         from .system import SystemModel
@@ -127,34 +128,6 @@ def prepare(cfg, comm) -> Setup:
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
                  torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block, dealt)
-
-
-def _block_trainer(cfg, comm, model, augment, algo, x_train, y_train):
-    """The vectorised trainer when ``runtime.vectorize`` asks for it (or "auto" picks it), else None.
-
-    "auto" is a rule, not a timing, so that the mode (and with it the last bits of the
-    results) is a function of the job alone: blocks for models with a closed-form batched
-    gradient (``batched_loss_grad``: the quadratic, logistic regression), where they were
-    measured 2-18x faster on one CPU core (docs/architecture.md), and the sequential loop
-    for everything else.
-    """
-    from .client import block as blocks
-
-    mode = cfg.runtime.vectorize
-    if mode == "off":
-        return None
-    why = blocks.unsupported(model, augment, algo.solver.spec)
-    if mode == "on" and why is not None:
-        raise ConfigError(f"runtime.vectorize = 'on' cannot train model {cfg.model.name!r} on "
-                          f"{cfg.data.dataset!r} in batched groups: {why}; set runtime.vectorize = 'off'")
-    if mode == "auto":
-        closed = getattr(model.module, "batched_loss_grad", None) is not None
-        if why is not None or not closed:
-            return None
-        if comm.rank == 0:
-            print(f"hpcfl: runtime.vectorize = 'auto': training clients in batched groups (model "
-                  f"{cfg.model.name!r} has a closed-form batched gradient; 'off' for the one-by-one loop)", flush=True)
-    return blocks.BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size)
 
 
 def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = None) -> tuple[float, float]:
@@ -268,11 +241,13 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             if algo.holds(ctx, int(j)):     # packed after the release phase (FedLGA's slow clients)
                 held.append((int(j), slot, res))
                 continue
-            acc.add(algo.pack(ctx, int(j), slot, res, float(ctx.weights[j])))
+            algo.pack_into(ctx, int(j), slot, res, float(ctx.weights[j]), acc.claim())   # written where it is kept
+            acc.commit()
         t1 = time.perf_counter()   # before any collective: waiting for slower ranks counts as reduce
         algo.release(ctx, held)
         for j, slot, res in held:
-            acc.add(algo.pack(ctx, j, slot, res, float(ctx.weights[j])))
+            algo.pack_into(ctx, j, slot, res, float(ctx.weights[j]), acc.claim())
+            acc.commit()
 
         # 5. one exact reduction of all contributions (after the guard's verdict, if it may stop)
         control.phase("reduce", rnd)

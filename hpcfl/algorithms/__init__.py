@@ -211,23 +211,42 @@ class Algorithm:
             p.release(ctx, held)
 
     def pack(self, ctx: RoundContext, j: int, slot: int, res, weight: float) -> np.ndarray:
-        """The reduction row of one trained client (see :class:`Layout`).
+        """The reduction row of one trained client (see :class:`Layout`), as a new array."""
+        return self.pack_into(ctx, j, slot, res, weight, np.empty(self.layout.length))
+
+    def pack_into(self, ctx: RoundContext, j: int, slot: int, res, weight: float, out: np.ndarray) -> np.ndarray:
+        """Write the reduction row of one trained client into ``out`` (L_row,) float64.
 
         The server rule counts ``res.adjusted`` when a policy set it (FedLGA's approximated
         full update), else the update itself; every other policy sees the real ``res.delta``.
+        The update goes from the device straight into its segment of ``out`` (converted to
+        float64 on the way) and is scaled there: no host copy of it unless a policy asks for
+        ``res.host()``. The values are those of ``float64(delta) * weight``, as always.
         """
-        delta = res.adjusted if res.adjusted is not None else res.host()
+        lay = self.layout.slices
         if res.adjusted is not None and not np.isfinite(res.adjusted).all():
-            flag = np.zeros(len(SCALARS))
-            flag[SCALARS.index("nonfinite")] = 1.0
-            return self.layout.row({"scalars": flag})
-        parts = {"delta": self.rule.contribution(delta, weight, res.anorm)}
+            out.fill(0.0)
+            out[lay["scalars"].start + SCALARS.index("nonfinite")] = 1.0
+            return out
+        seg = out[lay["delta"]]
+        if res.adjusted is not None:
+            np.copyto(seg, res.adjusted)
+        elif res._host is not None:               # a policy converted it already
+            np.copyto(seg, res._host)
+        else:
+            torch.from_numpy(seg).copy_(res.delta.detach())
+        self.rule.contribute_into(seg, weight, res.anorm)
+        written = {"delta"}
         for p in self.policies:
-            parts.update(p.pack(ctx, j, slot, res, weight))
-        parts["scalars"] = np.array(
-            [weight, weight * res.steps, weight * res.anorm, weight * res.loss, 1.0, res.samples, 0.0]
-        )
-        return self.layout.row(parts)
+            for name, value in p.pack(ctx, j, slot, res, weight).items():
+                out[lay[name]] = value
+                written.add(name)
+        for name, sl in lay.items():              # segments no policy filled for this client are zero
+            if name not in written and name != "scalars":
+                out[sl] = 0.0
+        out[lay["scalars"]] = (weight, weight * res.steps, weight * res.anorm, weight * res.loss, 1.0, res.samples,
+                               0.0)
+        return out
 
     def server_step(self, ctx: RoundContext, x: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, dict]:
         """Rank 0: new global model from the reduced sums, server state, round diagnostics."""

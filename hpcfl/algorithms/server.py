@@ -34,7 +34,12 @@ class AverageRule(Policy):
         self.num_params, self.normalize = num_params, normalize
 
     def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
-        return delta * weight
+        return self.contribute_into(np.array(delta, dtype=np.float64), weight, anorm)
+
+    def contribute_into(self, out: np.ndarray, weight: float, anorm: float) -> np.ndarray:
+        """``out`` (L,) float64 holds the update; turn it into this client's contribution in place."""
+        out *= weight
+        return out
 
     def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
         """The aggregate update from the cohort sums (``seg``: every reduced segment, by name)."""
@@ -74,7 +79,10 @@ class NovaRule(Policy):
         self.mode = ("steps" if prox else "anorm") if opts.tau_eff == "auto" else opts.tau_eff
 
     def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
-        out = delta * weight
+        return self.contribute_into(np.array(delta, dtype=np.float64), weight, anorm)
+
+    def contribute_into(self, out: np.ndarray, weight: float, anorm: float) -> np.ndarray:
+        out *= weight
         out[: self.num_params] /= anorm
         return out
 

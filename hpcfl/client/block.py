@@ -193,3 +193,31 @@ class BlockTrainer:
         return [ClientResult(delta[g], int(steps[g]), float(a[steps[g], 0]), float(loss_sum[g]) / int(steps[g]),
                              int(samples[g]), anorm2=float(a[steps[g], 1]), alast=float(a[steps[g], 2]))
                 for g in range(G)]
+
+
+def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec, x_train, y_train):
+    """The vectorised trainer when ``runtime.vectorize`` asks for it (or "auto" picks it), else None.
+
+    "auto" is a rule, not a timing, so that the mode (and with it the last bits of the
+    results) is a function of the job alone: blocks for models with a closed-form batched
+    gradient (``batched_loss_grad``: the quadratic, logistic regression), where they were
+    measured 2-18x faster on one CPU core (docs/architecture.md), and the sequential loop
+    for everything else. Rank 0 of ``comm`` prints the choice.
+    """
+    mode = cfg.runtime.vectorize
+    if mode == "off":
+        return None
+    why = unsupported(model, augment, spec)
+    if mode == "on" and why is not None:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"runtime.vectorize = 'on' cannot train model {cfg.model.name!r} on "
+                          f"{cfg.data.dataset!r} in batched groups: {why}; set runtime.vectorize = 'off'")
+    if mode == "auto":
+        closed = getattr(model.module, "batched_loss_grad", None) is not None
+        if why is not None or not closed:
+            return None
+        if comm.rank == 0:
+            print(f"hpcfl: runtime.vectorize = 'auto': training clients in batched groups (model "
+                  f"{cfg.model.name!r} has a closed-form batched gradient; 'off' for the one-by-one loop)", flush=True)
+    return BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size)

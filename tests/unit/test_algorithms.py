@@ -140,3 +140,45 @@ def test_steps_and_weights_policies():
     assert FixedSteps(5)(0, ids, sizes).tolist() == [5, 5, 5, 5]
     assert SizeWeights()(0, ids, sizes).tolist() == [1, 32, 33, 100]
     assert UniformWeights()(0, ids, sizes).tolist() == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("server", ["average", "nova"])
+def test_pack_into_a_dirty_buffer_equals_the_row_built_by_hand(server):
+    """The row written in place (over garbage, float32 update from the 'device') is bitwise
+    [float64(delta) * w (/ ||a||_1 over the parameters for nova) | SCAFFOLD's Delta c_i | scalars]."""
+    cfg = AlgorithmSection(local="scaffold", steps="epochs", weights="size", server=server)
+    from hpcfl.algorithms.server import NovaOptions
+
+    opts = NovaOptions() if server == "nova" else None
+    algo = Algorithm(full(cfg, opts), 3, 3, 1, torch.device("cpu"), D, np.ones(4, dtype=np.int64))
+    ctx = SimpleNamespace(lr=0.1)
+    delta32 = torch.tensor([0.1, -0.7, 3e-8], dtype=torch.float32)
+    res = ClientResult(delta32, 3, 2.5, 0.75, 24)
+    out = np.full(algo.layout.length, 7.0)
+    algo.pack_into(ctx, 0, 0, res, 0.3, out)
+    want = delta32.double().numpy() * 0.3
+    if server == "nova":
+        want = want / 2.5
+    seg = algo.layout.split(out)
+    assert seg["delta"].tobytes() == want.tobytes()
+    # SCAFFOLD option II from c = c_i = 0: Delta c_i = -delta / (||a||_1 lr), in the model's dtype
+    assert seg["extra"].tobytes() == (-delta32.double() / (2.5 * 0.1)).numpy().tobytes()
+    assert seg["scalars"].tolist() == [0.3, 0.3 * 3, 0.3 * 2.5, 0.3 * 0.75, 1.0, 24.0, 0.0]
+    assert seg.keys() == {"delta", "extra", "scalars"}
+    assert algo.pack(ctx, 0, 0, ClientResult(delta32, 3, 2.5, 0.75, 24), 0.3).shape == out.shape
+
+
+def test_exact_sum_claim_commit_refuses_nan_and_keeps_the_max():
+    acc = ExactSum(3)
+    acc.claim()[:] = [1.0, -4.0, 0.5]
+    acc.commit()
+    acc.claim()[:] = [np.inf, 0.0, 0.0]
+    with pytest.raises(FloatingPointError):
+        acc.commit()
+    acc.claim()[:] = [np.nan, 0.0, 0.0]
+    with pytest.raises(FloatingPointError):
+        acc.commit()
+    acc.claim()[:] = [-2.0, 1.0, 0.25]
+    acc.commit()
+    assert acc.count == 2 and acc.maxabs.tolist() == [2.0, 4.0, 0.5]
+    assert acc.reduce(MPI.COMM_SELF, total=2).tolist() == [-1.0, -3.0, 0.75]
