@@ -60,14 +60,19 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
     if root is None:
         return make()
     path = path_for(root, name, options, seed)
+    damaged = False
     if path.exists():
         try:
             return _read(path)
         except (OSError, ValueError, KeyError) as err:
+            damaged = True
             print(f"hpcfl: dataset cache entry {path} is unreadable ({err}); generating the data again", flush=True)
     ds = make()
     try:
-        _write(path, ds)
+        if _write(path, ds, replace=damaged):
+            mb = sum(f.stat().st_size for f in path.iterdir()) / 2**20
+            print(f"hpcfl: cached the generated dataset in {path} ({mb:.0f} MB) for later runs; delete the folder to "
+                  f"reclaim the space, or set data.cache = 'off'", flush=True)
     except OSError as err:
         print(f"hpcfl: could not write the dataset cache {path} ({err}); set data.cache = 'off' or a writable "
               f"folder to silence this", flush=True)
@@ -77,8 +82,12 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def _write(path: Path, ds: Dataset) -> None:
-    """Write the entry into a fresh folder, then rename it into place (atomic on POSIX)."""
+def _write(path: Path, ds: Dataset, replace: bool = False) -> bool:
+    """Write the entry into a fresh folder, then rename it into place (atomic on POSIX).
+
+    Returns False when another process placed the same entry first (this copy is discarded);
+    ``replace`` removes an existing (damaged) entry first.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: getattr(ds, name) for name in ARRAYS}
     meta = {"name": ds.name, "num_classes": ds.num_classes, "input_shape": list(ds.input_shape),
@@ -92,13 +101,15 @@ def _write(path: Path, ds: Dataset) -> None:
         for name, arr in arrays.items():
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr))
         (tmp / "meta.json").write_text(json.dumps(meta))   # written last: its presence marks a whole entry
-        if path.exists():               # a damaged entry being replaced
+        if replace and path.exists():   # a damaged entry (files stay valid for a process that mapped them)
             shutil.rmtree(path)
         try:
             os.replace(tmp, path)       # a reader sees no entry or a whole one
         except OSError:
             if not (path / "meta.json").exists():   # not another process's identical entry, written first
                 raise
+            return False
+        return True
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -18,8 +18,9 @@ def same(a, b):
                                                                          tuple(b.input_shape), b.augment)
 
 
-def test_second_load_reads_the_file_and_equals_the_generated_data(tmp_path, monkeypatch):
+def test_second_load_reads_the_file_and_equals_the_generated_data(tmp_path, monkeypatch, capsys):
     first = data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    assert "hpcfl: cached the generated dataset in" in capsys.readouterr().out
     same(first, data.load_dataset("synthetic_images", SMALL, None, 0, "off"))   # == a fresh generation
     files = list((tmp_path / "datasets").iterdir())
     assert [f.name for f in files] == [f"synthetic_images-{cache.key('synthetic_images', SMALL, 0)}"]
@@ -83,3 +84,14 @@ def test_an_unwritable_folder_costs_only_the_speed_up(tmp_path, capsys):
     assert "could not write the dataset cache" in capsys.readouterr().out
     same(ds, data.load_dataset("synthetic_images", SMALL, None, 0, "off"))
     assert blocker.read_text().startswith("a file")
+
+
+def test_a_second_writer_keeps_the_first_entry(tmp_path):
+    """Two ranks that generated the same dataset at once: the second rename finds the entry and
+    discards its own copy, leaving one whole entry and no temporary folder."""
+    ds = data.load_dataset("synthetic_images", SMALL, None, 0, "off")
+    path = cache.path_for(tmp_path, "synthetic_images", SMALL, 0)
+    assert cache._write(path, ds) is True
+    assert cache._write(path, ds) is False
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    same(cache._read(path), ds)
