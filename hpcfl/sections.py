@@ -194,7 +194,8 @@ class RuntimeSection:
     placement: str = field(default="balanced", metadata={
         "choices": ("balanced", "block", "round_robin"),
         "help": "clients to ranks: balanced (each round's cohort dealt to ranks by expected work, longest first; "
-                "algorithms with per-client state or a statistics phase train clients on their home block), "
+                "per-client state travels with the client; algorithms with a statistics phase or held clients "
+                "train them on their home block), "
                 "block (contiguous) or round_robin (client i on rank i mod R); results do not depend on it"})
     vectorize: str = field(default="auto", metadata={
         "choices": ("auto", "off", "on"),

@@ -63,7 +63,8 @@ class Setup:
     class_counts: np.ndarray = None   # (N, C) label counts per client
     system: object = None  # hpcfl.system.SystemModel when [system] enabled
     block: object = None   # hpcfl.client.block.BlockTrainer when runtime.vectorize chose it
-    dealt: bool = False    # each round's training dealt to ranks by expected work (runtime.placement)
+    dealt: bool | None = None   # each round's training dealt to ranks by expected work (set by settle_placement)
+    migration: object = None    # hpcfl.placement.Migration when dealt clients carry per-client state
 
 
 def prepare(cfg, comm) -> Setup:
@@ -117,17 +118,33 @@ def prepare(cfg, comm) -> Setup:
         system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
                              download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
-    dealt = cfg.runtime.placement == "balanced" and comm.size > 1
-    pinned = algo.pinned() if dealt else []
-    if pinned:
-        dealt = False
-        if comm.rank == 0:
-            print(f"hpcfl: runtime.placement = 'balanced': clients train on their home block of ranks, because "
-                  f"{'; '.join(pinned)} needs them there", flush=True)
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block, dealt)
+                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block)
+
+
+def settle_placement(s: Setup) -> None:
+    """Whether rounds are dealt by work, and whether per-client rows travel (every rank, at the
+    start of :func:`run`, after any ``Algorithm.add``: the policies decide). Says why once."""
+    comm, algo = s.comm, s.algo
+    dealt = s.cfg.runtime.placement == "balanced" and comm.size > 1
+    pinned = algo.pinned() if dealt else []
+    say = comm.rank == 0 and s.dealt is None
+    s.migration = None
+    if pinned:
+        dealt = False
+        if say:
+            print(f"hpcfl: runtime.placement = 'balanced': clients train on their home block of ranks, because "
+                  f"{'; '.join(pinned)} needs them there", flush=True)
+    elif dealt and algo.tables():
+        from .placement import Migration
+        s.migration = Migration(comm, algo.tables(), s.owner, s.slot, int(np.count_nonzero(s.owner == comm.rank)))
+        if say:
+            print(f"hpcfl: runtime.placement = 'balanced': per-client state ("
+                  f"{', '.join(t.name for t in algo.tables())}) travels with clients dealt to another rank, "
+                  f"one row each way", flush=True)
+    s.dealt = dealt
 
 
 def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = None) -> tuple[float, float]:
@@ -200,6 +217,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     collective called at round ends when one is due, on a stop, and after the last round.
     """
     cfg, comm, algo = s.cfg, s.comm, s.algo
+    settle_placement(s)
     control = control or RunControl(comm, GuardSection(), 0.0)
     B = cfg.algorithm.batch_size
     x = s.model.numpy() if x is None else x      # global model; authoritative on rank 0
@@ -221,8 +239,11 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             ctx.plan = s.system.plan(rnd, ctx.cohort, ctx.steps, B, _granularity(s, ctx))
             ctx.steps = ctx.plan.steps
             sim_time += ctx.plan.duration_s
-        if s.dealt:   # from here on "mine" is the share dealt to this rank (no policy keeps per-client data)
-            ctx.mine = np.flatnonzero(deal(_work(ctx, B), comm.size) == comm.rank)
+        if s.dealt:   # from here on "mine" is the share dealt to this rank; per-client rows follow
+            dealt = deal(_work(ctx, B), comm.size)
+            ctx.mine = np.flatnonzero(dealt == comm.rank)
+            if s.migration is not None:
+                s.migration.fetch(ctx, dealt)
         t_decide = time.perf_counter()
 
         # 3-4. local training of this rank's cohort clients, one contribution row each
@@ -244,6 +265,8 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             algo.pack_into(ctx, int(j), slot, res, float(ctx.weights[j]), acc.claim())   # written where it is kept
             acc.commit()
         t1 = time.perf_counter()   # before any collective: waiting for slower ranks counts as reduce
+        if s.migration is not None:   # guests' rows, as packing left them, go home
+            s.migration.give_back(ctx)
         algo.release(ctx, held)
         for j, slot, res in held:
             algo.pack_into(ctx, j, slot, res, float(ctx.weights[j]), acc.claim())

@@ -153,10 +153,11 @@ class Algorithm:
     def pinned(self) -> list[str]:
         """Policies that need a client trained on its home rank, as ``"Class (reason)"``.
 
-        Per-client state (a :class:`ClientTable`) lives on the home rank, and a statistics
-        phase or a hold/release computes per-client values there that packing reads back.
+        A statistics phase or a hold/release computes per-client values on the home rank
+        that packing reads back, and a :class:`ClientTable` without row access cannot move.
         With none of them, each round's training can be dealt to any rank
-        (``runtime.placement = "balanced"``) without moving anything.
+        (``runtime.placement = "balanced"``); movable tables then follow their clients
+        (:mod:`hpcfl.placement`).
         """
         from .protocol import ClientTable, Policy
 
@@ -164,11 +165,17 @@ class Algorithm:
         for p in self.policies:
             why = [name for name in ("statistics", "hold", "release")
                    if getattr(type(p), name) is not getattr(Policy, name)]
-            if any(isinstance(item, ClientTable) for item in p.state()):
-                why.insert(0, "per-client state")
+            if any(isinstance(item, ClientTable) and not item.movable for item in p.state()):
+                why.insert(0, "per-client state that cannot move")
             if why:
                 out.append(f"{type(p).__name__} ({', '.join(why)})")
         return out
+
+    def tables(self) -> list:
+        """Every :class:`ClientTable` of the run."""
+        from .protocol import ClientTable
+
+        return [item for item in self.state() if isinstance(item, ClientTable)]
 
     def transfer(self) -> tuple[int, int]:
         """Extra floats per client and round: (upload, download), beyond the model."""

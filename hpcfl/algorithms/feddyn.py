@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .protocol import ClientTable, Policy, Segment, ServerArray
+from .protocol import Policy, RowTable, Segment, ServerArray
 from .server import AverageRule
 
 
@@ -48,12 +48,10 @@ class DynLocal(Policy):
         self.alpha = opts.alpha
         self.prox = opts.alpha          # the solver adds alpha (x - x^t) to every gradient
         self.num_local, self.num_params, self.device, self.dtype = num_local, num_params, device, dtype
-        self._rows: torch.Tensor | None = None   # allocated at first use
+        self._rows = RowTable(num_local, num_params, device, dtype)   # (clients on rank [+ guests], P)
 
     def _table(self) -> torch.Tensor:
-        if self._rows is None:
-            self._rows = torch.zeros(self.num_local, self.num_params, device=self.device, dtype=self.dtype)
-        return self._rows
+        return self._rows.tensor()
 
     def correction(self, slot: int) -> torch.Tensor:
         """-grad_i: the linear term of the local objective."""
@@ -65,10 +63,7 @@ class DynLocal(Policy):
         return {}
 
     def state(self) -> list:
-        def set_rows(rows):
-            self._table().copy_(torch.from_numpy(rows))
-
-        return [ClientTable("feddyn_grad", self.num_params, lambda: self._table().detach().cpu().numpy(), set_rows)]
+        return [self._rows.client_table("feddyn_grad")]
 
 
 class DynRule(AverageRule):

@@ -80,12 +80,67 @@ class ClientTable:
     """Per-client state rows on the owning rank: ``get() -> (clients on rank, width)`` array.
 
     ``set(rows)`` loads rows (same shape) on restore. ``width`` is per client.
+
+    A table that can follow its client to another rank for a round (balanced placement)
+    also gives ``reserve(n)`` (room for n guest rows in slots ``home .. home + n - 1``),
+    ``rows(slots) -> (m, width)`` and ``put(slots, rows)``; :class:`RowTable` has all of them.
     """
 
     name: str
     width: int
     get: Callable[[], np.ndarray]
     set: Callable[[np.ndarray], None]
+    reserve: Callable[[int], None] | None = None
+    rows: Callable[[np.ndarray], np.ndarray] | None = None
+    put: Callable[[np.ndarray, np.ndarray], None] | None = None
+
+    @property
+    def movable(self) -> bool:
+        return self.reserve is not None and self.rows is not None and self.put is not None
+
+
+class RowTable:
+    """Per-client rows of a policy, (home + guests, width) on the device, zero at start.
+
+    Rows ``0 .. home - 1`` belong to the rank's own clients and are what checkpoints hold;
+    rows after them are guest slots for clients trained here for one round under balanced
+    placement (their rows are fetched from the home rank and sent back, :mod:`hpcfl.placement`).
+    """
+
+    def __init__(self, home: int, width: int, device, dtype):
+        self.home, self.width, self.device, self.dtype = home, width, device, dtype
+        self.guests = 0
+        self._t = None   # allocated at first use
+
+    def tensor(self):
+        if self._t is None:
+            import torch
+
+            self._t = torch.zeros(self.home + self.guests, self.width, device=self.device, dtype=self.dtype)
+        return self._t
+
+    def reserve(self, n: int) -> None:
+        if n > self.guests:
+            old, self.guests = self._t, n
+            self._t = None
+            if old is not None:
+                self.tensor()[: self.home].copy_(old[: self.home])
+
+    def client_table(self, name: str) -> ClientTable:
+        import torch
+
+        def set_home(rows):
+            self.tensor()[: self.home].copy_(torch.from_numpy(np.asarray(rows)))
+
+        def rows(slots):
+            return self.tensor()[torch.as_tensor(slots, dtype=torch.int64, device=self.device)].cpu().numpy()
+
+        def put(slots, values):
+            idx = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
+            self.tensor()[idx] = torch.from_numpy(np.asarray(values)).to(self.device)
+
+        return ClientTable(name, self.width, lambda: self.tensor()[: self.home].detach().cpu().numpy(), set_home,
+                           self.reserve, rows, put)
 
 
 @dataclass

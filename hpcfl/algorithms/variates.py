@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .protocol import ClientTable, Policy, Segment, ServerArray
+from .protocol import Policy, RowTable, Segment, ServerArray
 
 
 class _Variates(Policy):
@@ -23,13 +23,11 @@ class _Variates(Policy):
                  num_clients: int = 0):
         self.num_local, self.num_params, self.num_clients = num_local, num_params, num_clients
         self.device, self.dtype = device, dtype
-        self._rows: torch.Tensor | None = None   # allocated at first use: (clients on rank, P)
+        self._rows = RowTable(num_local, num_params, device, dtype)   # (clients on rank [+ guests], P)
         self.c = torch.zeros(num_params, device=device, dtype=dtype)
 
     def _table(self) -> torch.Tensor:
-        if self._rows is None:
-            self._rows = torch.zeros(self.num_local, self.num_params, device=self.device, dtype=self.dtype)
-        return self._rows
+        return self._rows.tensor()
 
     def correction(self, slot: int) -> torch.Tensor:
         """c - c_i, added to every local gradient of the client in ``slot``."""
@@ -39,14 +37,10 @@ class _Variates(Policy):
         return [Segment(self.segment, self.num_params)]
 
     def state(self) -> list:
-        def set_rows(rows):
-            self._table().copy_(torch.from_numpy(rows))
-
         def set_c(value):
             self.c.copy_(torch.from_numpy(value))
 
-        return [ClientTable(self.table_name, self.num_params, lambda: self._table().detach().cpu().numpy(),
-                            set_rows),
+        return [self._rows.client_table(self.table_name),
                 ServerArray(self.server_name, lambda: self.c.detach().cpu().numpy(), set_c, broadcast=True)]
 
     def transfer(self) -> tuple[int, int]:

@@ -139,6 +139,7 @@ def test_balanced_placement_deals_each_round_and_pins_stateful_algorithms(capsys
 
     comm = MPI.COMM_WORLD
     s = simulation.prepare(config.from_dict(job(**{"run.rounds": 4})), comm)
+    simulation.settle_placement(s)
     assert s.dealt
     trained, train = [], s.trainer.train
 
@@ -165,10 +166,41 @@ def test_balanced_placement_deals_each_round_and_pins_stateful_algorithms(capsys
     for shares in per_round:                                        # 4 steps each: equal work per client
         assert shares.sum() == 5 and shares.max() - shares.min() <= 1
     capsys.readouterr()
-    pinned = simulation.prepare(config.from_dict(job(**{"algorithm.name": "scaffold"})), comm)
+    vr = {"algorithm.name": "fednova", "algorithm.local": "vr", "algorithm.clients_per_round": 0}
+    pinned = simulation.prepare(config.from_dict(job(**vr)), comm)
+    simulation.settle_placement(pinned)
     assert not pinned.dealt
     if comm.rank == 0:
-        assert "because Scaffold (per-client state) needs them there" in capsys.readouterr().out
+        assert "because VarianceReduction (statistics) needs them there" in capsys.readouterr().out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("name", ["scaffold", "feddyn"])
+def test_per_client_state_follows_dealt_clients_bitwise(name, capsys):
+    """SCAFFOLD's c_i and FedDyn's gradients travel to the rank that trains the client and back:
+    rows do move, and the run (model, records and the final tables) equals the 1-rank run bit for bit."""
+    from hpcfl import config, resume, simulation
+
+    comm = MPI.COMM_WORLD
+    table = job(**{"algorithm.name": name, "run.rounds": 5, "algorithm.clients_per_round": 5})
+    cfg = config.from_dict(table)
+    ref = None
+    if comm.rank == 0:
+        one = simulation.prepare(cfg, MPI.COMM_SELF)
+        ref = (simulation.run(one), resume.capture(one, one.model.numpy()))
+    comm.Barrier()
+    s = simulation.prepare(cfg, comm)
+    x = simulation.run(s)
+    assert s.dealt and s.migration is not None
+    arrays = resume.capture(s, x)
+    assert s.migration.moved > 0                     # some client trained away from home
+    if comm.rank == 0:
+        assert "travels with clients dealt to another rank" in capsys.readouterr().out
+        assert x.tobytes() == ref[0].tobytes()
+        tables = [k for k in ref[1] if k.startswith("clients.")]
+        assert tables
+        for k in tables:
+            assert arrays[k].tobytes() == ref[1][k].tobytes(), k
 
 
 @pytest.mark.mpi(min_size=2)
