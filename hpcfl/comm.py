@@ -233,6 +233,7 @@ class FloatSum:
     def __init__(self, length: int):
         self.length = int(length)
         self.acc = np.zeros(self.length, dtype=np.float64)
+        self._row: np.ndarray | None = None   # claim()'s scratch row
 
     def reset(self) -> None:
         self.acc.fill(0.0)
@@ -245,7 +246,7 @@ class FloatSum:
 
     def claim(self) -> np.ndarray:
         """A scratch row to fill in place, then :meth:`commit` (same protocol as ExactSum)."""
-        if getattr(self, "_row", None) is None:
+        if self._row is None:
             self._row = np.empty(self.length, dtype=np.float64)
         return self._row
 
