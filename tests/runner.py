@@ -35,6 +35,9 @@ def run_memory(table, comm):
     return np.asarray(x), metrics, clients
 
 
+RESULT = "@@run_parallel "   # marks a worker's result line on its stdout
+
+
 def run_parallel(tables, workers=2):
     """Run in-memory jobs in ``workers`` subprocesses (the machine's two cores).
 
@@ -53,9 +56,11 @@ def run_parallel(tables, workers=2):
         proc.stdin.close()
     out = [None] * len(tables)
     for proc, chunk in zip(procs, chunks):
-        lines = proc.stdout.read().splitlines()
+        # the runs' own notices (hpcfl: ...) share stdout: only the marked lines are results
+        lines = [ln[len(RESULT):] for ln in proc.stdout.read().splitlines() if ln.startswith(RESULT)]
         err = proc.stderr.read()
         assert proc.wait() == 0, err[-3000:]
+        assert len(lines) == len(chunk), err[-3000:]
         for i, line in zip(chunk, lines):
             got = json.loads(line)
             out[i] = (np.array(got["x"]), got["metrics"])
@@ -71,4 +76,4 @@ if __name__ == "__main__":   # a run_parallel worker
         x, metrics, _ = run_memory(table, MPI.COMM_SELF)
         rows = [{k: (float(v) if isinstance(v, (int, float, np.floating, np.integer)) else None)
                  for k, v in m.items()} for m in metrics]
-        print(json.dumps({"x": x.tolist(), "metrics": rows}), flush=True)
+        print(RESULT + json.dumps({"x": x.tolist(), "metrics": rows}), flush=True)
