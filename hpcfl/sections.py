@@ -200,8 +200,8 @@ class RuntimeSection:
     vectorize: str = field(default="auto", metadata={
         "choices": ("auto", "off", "on"),
         "help": "auto: batched groups for models with a closed-form batched gradient (quadratic, logreg), else one "
-                "client at a time; on: train a rank's clients in batched groups (one forward/backward for many clients; pays for "
-                "tiny models such as the quadratic, logreg and small MLPs); results equal the sequential loop's "
+                "client at a time; on: train a rank's clients in batched groups (one forward/backward for many "
+                "clients; pays for tiny models such as the quadratic, logreg and small MLPs); results equal the sequential loop's "
                 "within float rounding and are bitwise the same on any number of ranks; models it cannot take "
                 "(batch norm, dropout, augmentation) are refused with the reason"})
     eval_batch_size: int = field(default=1000, metadata={

@@ -378,8 +378,9 @@ def _granularity(s: Setup, ctx: RoundContext):
 
 def _train_eval_set(s: Setup) -> torch.Tensor:
     """Indices of the samples held by clients, for F(x) = sum_i p_i F_i(x) with p_i = n_i / n
-    (an index, not a copy: the training set stays on the device once)."""
-    return torch.from_numpy(np.sort(np.concatenate(s.parts)).astype(np.int64)).to(s.device)
+    (an index, not a copy: the training set stays on the device once): every client's
+    indices, already on the device, in sample order."""
+    return torch.sort(s.client_index).values
 
 
 def _round_records(algo, ctx, sums, gathered, diag):

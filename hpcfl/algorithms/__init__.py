@@ -50,13 +50,6 @@ class Layout:
             offset += n
         self.length = offset
 
-    def row(self, parts: dict[str, np.ndarray]) -> np.ndarray:
-        """One contribution row from its segments (missing segments are zero)."""
-        row = np.zeros(self.length, dtype=np.float64)
-        for name, value in parts.items():
-            row[self.slices[name]] = value
-        return row
-
     def split(self, buf: np.ndarray) -> dict[str, np.ndarray]:
         return {name: buf[s] for name, s in self.slices.items()}
 

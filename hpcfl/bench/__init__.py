@@ -79,15 +79,11 @@ def summarize(fig: dict) -> dict:
     n = len(rows)
     phases = [k for k in ("decide", "train", "reduce", "server", "eval") if k in rows[0]]
     per_round = sum(r["round_s"] for r in rows) / n
-    steps = sum(r["steps"] for r in rows) if fig["side"] == "hpcfl" else None
-    out = {"s_per_round": per_round, "phases": {k: sum(r[k] for r in rows) / n for k in phases},
-           "startup_s": fig["startup_s"], "peak_rss_mb": max(fig["peak_rss_mb"]), "total_steps": fig["total_steps"],
-           "accuracy": fig["rounds"][-1]["accuracy"]}
-    # steps in the steady rounds: the engine records them; the bare loop's are its total less round 1's share
-    if steps is None:
-        steps = fig["total_steps"] * (n / len(fig["rounds"])) if len(fig["rounds"]) > 1 else fig["total_steps"]
-    out["steps_per_s"] = steps / (per_round * n) if per_round > 0 else float("nan")
-    return out
+    steps = sum(r["steps"] for r in rows)   # every rank's steps in the steady rounds (both sides record them)
+    return {"s_per_round": per_round, "phases": {k: sum(r[k] for r in rows) / n for k in phases},
+            "startup_s": fig["startup_s"], "peak_rss_mb": max(fig["peak_rss_mb"]), "total_steps": fig["total_steps"],
+            "accuracy": fig["rounds"][-1]["accuracy"],
+            "steps_per_s": steps / (per_round * n) if per_round > 0 else float("nan")}
 
 
 def _line(name: str, s: dict) -> str:

@@ -86,14 +86,14 @@ def main(argv=None) -> int:
         out = run_bare(job, comm)
         out.pop("final")
     rss = comm.gather(peak_rss_mb(), root=0)
-    steps = comm.reduce(sum(r["steps"] for r in out["rounds"]), root=0) if a.side == "bare" else None
+    if a.side == "bare":   # each rank counted its own steps; the engine's records already hold every rank's
+        per_round = comm.gather([r["steps"] for r in out["rounds"]], root=0)
+        if comm.rank == 0:
+            for i, row in enumerate(out["rounds"]):
+                row["steps"] = sum(ranks[i] for ranks in per_round)
     if comm.rank == 0:
         out.update(side=a.side, workload=a.workload, ranks=comm.size, threads=a.threads, startup_s=out["t_loop"] - T_START,
-                   peak_rss_mb=rss)
-        if steps is not None:   # the bare loop counts its own rank's steps; the engine's records hold all
-            out["total_steps"] = steps
-        else:
-            out["total_steps"] = sum(r["steps"] for r in out["rounds"])
+                   peak_rss_mb=rss, total_steps=sum(r["steps"] for r in out["rounds"]))
         with open(a.json, "w") as f:
             json.dump(out, f)
     return 0

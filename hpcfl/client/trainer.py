@@ -122,8 +122,8 @@ class Trainer:
 class LocalClients:
     """This rank's cohort clients in one round, as the statistics phase sees them.
 
-    ``indices(j)`` are the client's training-sample indices (cohort position ``j``); ``data(j, positions)`` its samples at those positions (no
-    augmentation); ``generator(j)`` a torch generator keyed by (seed, STATS, round,
+    ``indices(j)`` are the client's training-sample indices (cohort position ``j``);
+    ``data(j, positions)`` its samples at those positions (no augmentation); ``generator(j)`` a torch generator keyed by (seed, STATS, round,
     client); ``x0`` the round-start flat model, which ``load_x0`` puts into ``model``;
     ``correction(j)`` the local solver's gradient correction for that client (SCAFFOLD's
     c - c_i, or None) and ``weight_decay`` its L2 term, so a statistics phase can measure
