@@ -24,9 +24,11 @@ any placement. Per element, the error is at most ``K * 2**(e_j - b - 1)``: at le
 that element. Elements where every contribution is zero stay exactly zero.
 
 The price is memory: a rank holds its contributions until the grid is agreed
-(local contributions x L x 8 bytes). ``reduce = "float"`` keeps one running float64 sum
-instead and reduces it with a plain ``Allreduce(SUM)``: cheaper, but not bitwise
-reproducible across rank counts.
+(local contributions x L x 8 bytes). So ExactSum serves the policies' statistics sums
+(:class:`Collectives`), whose rows are at hand anyway; the round's training reduction uses
+:class:`hpcfl.gridsum.GridSum`, which fixes the grid before the round and needs O(L).
+``reduce = "float"`` keeps one running float64 sum instead and reduces it with a plain
+``Allreduce(SUM)``: cheaper, but not bitwise reproducible across rank counts.
 """
 
 from __future__ import annotations
@@ -235,7 +237,7 @@ class FloatSum:
         self.acc = np.zeros(self.length, dtype=np.float64)
         self._row: np.ndarray | None = None   # claim()'s scratch row
 
-    def reset(self) -> None:
+    def reset(self, total: int | None = None) -> None:
         self.acc.fill(0.0)
 
     def add(self, row: np.ndarray) -> None:
@@ -261,9 +263,17 @@ class FloatSum:
         return self.acc.copy()
 
 
-def make_sum(mode: str, length: int):
-    """An accumulator for ``runtime.reduce`` = "exact" or "float"."""
-    return ExactSum(length) if mode == "exact" else FloatSum(length)
+def make_sum(mode: str, length: int, spans=None):
+    """The training reduction's accumulator for ``runtime.reduce`` = "exact" or "float".
+
+    "exact" is :class:`hpcfl.gridsum.GridSum` (O(L) memory, grid fixed before the round);
+    :class:`ExactSum` serves sums whose rows are all at hand (:meth:`Collectives.sum`).
+    """
+    if mode == "exact":
+        from .gridsum import GridSum
+
+        return GridSum(length, spans)
+    return FloatSum(length)
 
 
 def node_layout(comm) -> tuple[int, int]:
@@ -300,7 +310,7 @@ class Collectives:
         ``total`` is the number of rows over all ranks (it sets the exact grid).
         """
         self.calls.append(name)
-        acc = make_sum(self.mode, length)
+        acc = ExactSum(length) if self.mode == "exact" else FloatSum(length)
         for row in rows:
             acc.add(row)
         return acc.reduce(self.comm, total=total, root=None)

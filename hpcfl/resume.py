@@ -14,11 +14,18 @@ import numpy as np
 from .algorithms.protocol import ClientTable, ServerArray
 
 
+def state_items(s) -> list:
+    """The policies' state and the engine's own (the exact sum's grid)."""
+    from .simulation import accumulator
+
+    return s.algo.state() + list(getattr(accumulator(s), "state", list)())
+
+
 def capture(s, x: np.ndarray) -> dict | None:
     """Arrays of the checkpoint after the current round; on rank 0, None elsewhere."""
     comm = s.comm
     mine = np.flatnonzero(s.owner == comm.rank)
-    items = s.algo.state()
+    items = state_items(s)
     tables = [(it.name, it.get()) for it in items if isinstance(it, ClientTable)]
     gathered = comm.gather((mine, tables), root=0)
     if comm.rank != 0:
@@ -38,7 +45,7 @@ def capture(s, x: np.ndarray) -> dict | None:
 def restore(s, arrays: dict | None) -> np.ndarray:
     """Load a checkpoint's arrays (given on rank 0) into every rank; returns the model x."""
     comm = s.comm
-    items = s.algo.state()
+    items = state_items(s)
     payload = parts = None
     if comm.rank == 0:
         server = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("server.")}

@@ -65,6 +65,7 @@ class Setup:
     block: object = None   # hpcfl.client.block.BlockTrainer when runtime.vectorize chose it
     dealt: bool | None = None   # each round's training dealt to ranks by expected work (set by settle_placement)
     migration: object = None    # hpcfl.placement.Migration when dealt clients carry per-client state
+    acc: object = None          # the round's sum (hpcfl.gridsum.GridSum or comm.FloatSum), see accumulator()
 
 
 def prepare(cfg, comm) -> Setup:
@@ -122,6 +123,17 @@ def prepare(cfg, comm) -> Setup:
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
                  torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block)
+
+
+def accumulator(s: Setup):
+    """The training reduction's accumulator, kept for the whole run (buffers reused; the exact
+    sum's grid is run state, checkpointed through :func:`hpcfl.resume.capture`). Built on first
+    use, so a policy added after :func:`prepare` is counted in its length."""
+    length = s.algo.layout.length
+    if s.acc is None or s.acc.length != length:
+        spans = [(sl.start, sl.stop) for sl in s.algo.layout.slices.values()]
+        s.acc = make_sum(s.cfg.runtime.reduce, length, spans)
+    return s.acc
 
 
 def settle_placement(s: Setup) -> None:
@@ -223,7 +235,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     x = s.model.numpy() if x is None else x      # global model; authoritative on rank 0
     comm.Bcast(x, root=0)
     collective = Collectives(comm, cfg.runtime.reduce)
-    acc = make_sum(cfg.runtime.reduce, algo.layout.length)   # buffers kept across rounds
+    acc = accumulator(s)
     train_eval = _train_eval_set(s) if cfg.run.eval_train else None
     algo.setup(round_context(s, start, collective, algo.lr))
     every = cfg.checkpoint.every
@@ -248,7 +260,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
 
         # 3-4. local training of this rank's cohort clients, one contribution row each
         control.phase("train", rnd)
-        acc.reset()
+        acc.reset(len(ctx.cohort))
         records, refused, held = [], [], []
         for j, res in _local_training(s, ctx, x0):
             cid, slot = int(ctx.cohort[j]), int(ctx.slots[j])

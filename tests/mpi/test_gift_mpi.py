@@ -21,6 +21,7 @@ from hpcfl import comm as hcomm
 from hpcfl import config, data, simulation
 from hpcfl.algorithms import SCALARS
 from hpcfl.algorithms.tau_control import GiftController
+from hpcfl.gridsum import GridSum
 
 # Ten noisy heterogeneous quadratics; the clock keeps the 4 earliest reports (ceil(0.4 * 10)) out of
 # all ten, with exponential delays, so the reporters change from round to round. lr 0.2 and short
@@ -130,9 +131,11 @@ class CountingComm:
 @pytest.mark.mpi(min_size=2)
 def test_E2_one_training_reduction_per_round_and_idle_ranks_send_zeros(monkeypatch):
     """Spec E2: per round, the training rows travel in exactly one exact reduction of length
-    L + P + len(SCALARS) (here L = P = 4 quadratic coordinates and GIFT's one segment |u|): two
-    Allreduce calls of that length (the exponents' MAX and the fixed-point SUM, hpcfl.comm.ExactSum),
-    with no policy collective. Broadcasts per round: the model (L values) and the tau controller's
+    L + P + len(SCALARS) (here L = P = 4 quadratic coordinates and GIFT's one segment |u|): one
+    Allreduce of its block exponents (MAX; segments this short have one block per element, so
+    it has that length too) and one SUM per limb in use
+    (hpcfl.gridsum.GridSum: one limb on a predicted grid, more in the first round), with no
+    policy collective. Broadcasts per round: the model (L values) and the tau controller's
     scalars (tau, iterations, then GiftController's 10 named scalars and its o + 1 = 11 C values:
     23); the EMA pools (2P) stay on rank 0. Evaluation (last round only, eval_every = 0) reduces 4
     values. With K = ceil(0.2 * 10) = 2 reporters, some rank trains nobody in some round: it adds
@@ -144,18 +147,22 @@ def test_E2_one_training_reduction_per_round_and_idle_ranks_send_zeros(monkeypat
     ref = run_memory(t, MPI.COMM_SELF) if world.rank == 0 else None
     world.Barrier()
     reduces, policy = [], []
-    real = hcomm.ExactSum.reduce
+    real = GridSum.reduce
+    limbs = []
 
     def counted(self, comm, total, root=0):
         reduces.append((self.length, self.count))
-        return real(self, comm, total, root)
+        before = list(self.wire)
+        out = real(self, comm, total, root)
+        limbs.append(1 + [a != b for a, b in zip(before, self.wire)].index(True))
+        return out
 
     class Collectives(hcomm.Collectives):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             self.calls = policy
 
-    monkeypatch.setattr(hcomm.ExactSum, "reduce", counted)
+    monkeypatch.setattr(GridSum, "reduce", counted)
     monkeypatch.setattr(simulation, "Collectives", Collectives)
     counting = CountingComm(world)
     x, metrics, clients = run_memory(t, counting)
@@ -164,13 +171,15 @@ def test_E2_one_training_reduction_per_round_and_idle_ranks_send_zeros(monkeypat
     rounds, L, P = 6, 4, 4
     buf = L + P + len(SCALARS)
     assert policy == []
-    assert [n for n, _ in reduces] == [buf] * rounds + [4]     # training per round, then the final evaluation
+    assert [n for n, _ in reduces] == [buf] * rounds            # training, once per round
     allreduce = [n for name, n in counting.log if name == "Allreduce"]
-    assert allreduce.count(buf) == 2 * rounds and set(allreduce) == {buf, 4}
+    assert allreduce.count(buf) == rounds + sum(limbs)
+    assert limbs[0] > 1 and limbs[1:] == [1] * (rounds - 1)     # the first round has no grid history
+    assert allreduce.count(4) == 2 and set(allreduce) == {buf, 4}   # + the final evaluation (ExactSum)
     bcasts = sorted(n for name, n in counting.log if name == "Bcast")
     assert bcasts == sorted([L] * (rounds + 1) + [2 + 10 + 11] * rounds)   # + the model's start broadcast
     assert not any(name in ("Reduce", "Gather", "Allgather", "Scatter") for name, _ in counting.log)
-    idle = world.allgather([r for r, (_, count) in enumerate(reduces[:rounds]) if count == 0])
+    idle = world.allgather([r for r, (_, count) in enumerate(reduces) if count == 0])
     if world.rank != 0:
         return
     assert any(idle), "the job must leave some rank without a reporter in some round"

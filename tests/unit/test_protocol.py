@@ -51,7 +51,7 @@ def test_state_protocol_capture_and_restore_round_trip():
     s, probe, x, _ = probe_run(table)
     arrays = resume.capture(s, x)
     assert set(arrays) == {"model", "server.server_momentum", "server.scaffold_c", "clients.scaffold_c_i",
-                           "server.probe_total", "clients.probe_rows"}
+                           "server.probe_total", "clients.probe_rows", "server.exact_grid"}
     assert arrays["clients.scaffold_c_i"].shape == (len(s.sizes), s.model.num_params)
     s2, probe2, _, _ = probe_run(job(**{"algorithm.name": "scaffold", "algorithm.server_momentum": 0.5,
                                         "run.rounds": 1}))
