@@ -48,6 +48,8 @@ from .algorithms.protocol import ServerArray
 BLOCK_BITS = 4                 # 16 elements share a grid exponent
 BLOCK = 1 << BLOCK_BITS
 SHORT = 64                     # segments shorter than this get one grid per element
+COMPILED_FROM = 1 << 18        # rows this long use the compiled kernels; shorter ones numpy (same bits,
+                               # and no numba import and cache load, about 1 s, in every small run)
 HEADROOM = 6                   # bits of growth over the last round before the high limb is needed
 DEFAULT_TOP = 64               # a grid with no history reaches 2**64 through all three limbs
 G_MIN, G_MAX = -1000, 1000     # 2**-G stays a normal float64
@@ -322,8 +324,10 @@ def _compile():
 _KERNEL: list = []   # [(deposit, convert) compiled, or None], built on first use (~1 s once, then cached)
 
 
-def kernels():
-    """(deposit, convert): compiled where numba is installed, numpy otherwise (same bits)."""
+def kernels(length: int | None = None):
+    """(deposit, convert): compiled where numba is installed and the row is long, numpy otherwise (same bits)."""
+    if length is not None and length < COMPILED_FROM:
+        return _deposit_numpy, _convert_numpy
     if not _KERNEL:
         _KERNEL.append(_compile())
     return _KERNEL[0] or (_deposit_numpy, _convert_numpy)
@@ -361,6 +365,8 @@ class GridSum:
         self.total = self.s_bits = None
         self.count = 0
         self.wire = [0, 0, 0]      # rounds that sent 1, 2, 3 limbs (for benchmarks and tests)
+        # chosen (and compiled or loaded from numba's cache) now, before any round's phases start
+        self._deposit, self._convert = kernels(self.length)
         self.hi_dirty = False
 
     def reset(self, total: int) -> None:
@@ -387,7 +393,7 @@ class GridSum:
         """Fold the claimed row into the limbs (rounded once on the block grids)."""
         if self.s_bits is None:
             raise RuntimeError("GridSum.reset(total) must start the round")
-        hmax = kernels()[0](self.row, self.starts, self.scale, self.s_bits, self.lo, self.hi, self.top, self.bmax)
+        hmax = self._deposit(self.row, self.starts, self.scale, self.s_bits, self.lo, self.hi, self.top, self.bmax)
         if hmax != hmax:
             self._refuse()
         # a finite value past the range (hmax >= 2**2S) is seen by every rank in reduce()'s
@@ -449,7 +455,7 @@ class GridSum:
         out = np.empty(self.length, dtype=np.float64)
         # one rounding per element, of the exact integer sum; * 2**G is exact (G is clipped so
         # that 2**G is a normal float). So sums that differ by a power of two stay exactly apart.
-        kernels()[1](self.lo, self.hi, self.top, limbs, self.s_bits, self.starts, np.ldexp(1.0, self.grid), out)
+        self._convert(self.lo, self.hi, self.top, limbs, self.s_bits, self.starts, np.ldexp(1.0, self.grid), out)
         beyond = np.flatnonzero(self._beyond(exps))
         if len(beyond):
             for k in beyond:
