@@ -4,15 +4,16 @@
 contribution of *this* round, so a rank keeps every contribution until all have been
 seen (contributions x L x 8 bytes). :class:`GridSum` fixes the grid *before* the round
 instead, from the largest values of the previous round, and folds each contribution into
-two int64 accumulators the moment it is packed:
+int64 limbs the moment it is packed:
 
 1. each segment of the row is cut into blocks of 16 elements (a segment under 64 elements,
    such as the scalars, into blocks of one, so unlike quantities never share a grid; no block
    straddles two segments, so a segment rounds the same whatever else the row holds); block k
    has a grid exponent ``G_k`` that every rank knows before the round (:meth:`GridSum.reset`);
 2. a contribution ``v`` is rounded once, ``q = rint(v * 2**-G_k)``, and split exactly
-   into a high and a low limb, ``q = h * 2**S + l`` with ``h = trunc(q / 2**S)``;
-   ``lo += l`` and ``hi += h`` (int64, a fused kernel: one pass, no temporaries);
+   into limbs of S bits, ``q = l + h * 2**S + t * 2**2S`` (truncating divisions);
+   ``lo += l`` in one fused pass with no temporaries, and ``hi += h``, ``top += t`` in a
+   second pass only when some |q| reaches ``2**S``;
 3. at the end of the round ``Allreduce(MAX)`` of the blocks' largest exponents (about
    L/16 int16), then ``Allreduce(SUM)`` of ``lo``, and of the higher limbs only when some
    value could have reached them; the result is ``(lo + hi * 2**S + top * 2**2S) * 2**G_k``;
@@ -25,10 +26,10 @@ not depend on order, so the sum is bitwise identical for any number of ranks, an
 placement and any order, as with ExactSum. The grid is engine state: it is checkpointed
 (``server.exact_grid``), so a resumed run rounds exactly as the uninterrupted one.
 
-With K contributions in the round, ``S = 62 - ceil(log2 K)`` keeps both limb sums inside
+With K contributions in the round, ``S = 62 - ceil(log2 K)`` keeps every limb sum inside
 int64. The largest contribution of a block then keeps ``P = S - 6`` bits (52 for K = 16,
 39 for K = 100,000) when its scale is that of the previous round; a block that grows
-loses nothing (the high limb takes it, up to ``2**(2S - P)`` times the previous maximum)
+loses nothing (the higher limbs take it, up to ``2**(3S - P)`` times the previous maximum)
 and a block that shrinks by ``2**m`` keeps ``P - m`` bits. A block that was all zero,
 and every block in a run's first round, uses a default grid whose three limbs reach from
 ``2**(64 - 3S)`` to ``2**64``. NaN or Inf stops the run with an error naming the element; a
