@@ -7,7 +7,9 @@ all of the time. :class:`BlockTrainer` trains G clients at once: their weights a
 rows of one (G, P) tensor, one batched forward/backward gives every client's gradient,
 and one vectorised solver step updates every row. Models may give that gradient in closed
 form (``batched_loss_grad``: the quadratic, logistic regression); any other vmappable model
-goes through ``torch.func.vmap`` of its forward and one autograd call per step.
+goes through ``torch.func.vmap`` of its forward and one autograd call per step. Logistic
+regression on CPU goes further where numba is installed: a group's whole round is one compiled
+call (:mod:`hpcfl.client.fused`), with the same batches and solver, also equal within rounding.
 
 What stays exactly as in the sequential loop:
 
@@ -66,14 +68,23 @@ def solver_coefficients(spec: SolverSpec, lr: float, steps: int) -> np.ndarray:
     one-element dummy (its scalar recurrences ignore the gradient), so they are bitwise
     the sequential loop's values.
     """
-    solver = LocalSolver(spec)
-    dummy = torch.zeros(1, dtype=torch.float64)
-    solver.begin(dummy.clone(), lr)
-    out = np.zeros((steps + 1, 3))
-    for k in range(steps):
-        solver.step(dummy, dummy, None)
-        out[k + 1] = solver.anorm(), solver.anorm2(), solver.alast()
-    return out
+    key = (spec, float(lr))
+    have = _COEFFICIENTS.get(key)
+    if have is None or len(have) <= steps:   # the recurrences do not depend on the total: prefixes are reused
+        solver = LocalSolver(spec)
+        dummy = torch.zeros(1, dtype=torch.float64)
+        solver.begin(dummy.clone(), lr)
+        have = np.zeros((steps + 1, 3))
+        for k in range(steps):
+            solver.step(dummy, dummy, None)
+            have[k + 1] = solver.anorm(), solver.anorm2(), solver.alast()
+        if len(_COEFFICIENTS) > 64:   # a per-round lr schedule makes a new key each round
+            _COEFFICIENTS.clear()
+        _COEFFICIENTS[key] = have
+    return have[: steps + 1]
+
+
+_COEFFICIENTS: dict = {}   # (spec, lr) -> coefficients after 0..n steps, for the longest n asked
 
 
 class BlockTrainer:
@@ -87,12 +98,20 @@ class BlockTrainer:
     batch_size : int
     group_size : int
         Most clients trained together.
+    fused : bool
+        Train logistic regression on CPU with the compiled group kernel (:mod:`hpcfl.client.fused`)
+        where numba is there; False keeps the batched torch step.
     """
 
-    def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, group_size: int = GROUP_SIZE):
+    def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, group_size: int = GROUP_SIZE,
+                 fused: bool = True):
         self.model, self.x, self.y = model, x_train, y_train
         self.batch_size, self.group_size = batch_size, group_size
         m = model.module
+        self.fused = _fused_kernel(model) if fused else None   # compiled (or loaded) now, before any round
+        if self.fused is not None:   # the kernel reads (N, F) arrays in the model's dtype, shared with torch
+            self._xn = x_train.reshape(len(x_train), -1).to(model.dtype).contiguous().numpy()
+            self._yn = y_train.to(torch.int64).contiguous().numpy()
         self._closed = getattr(m, "batched_loss_grad", None)   # (w, xb, yb, weight) -> (loss (G,), grad (G, P))
         names = [n.split(":", 1)[1] for n in model.names]
         sizes = [int(np.prod(s)) for s in model.shapes]
@@ -151,6 +170,8 @@ class BlockTrainer:
             sched[:k, g] = self._schedule(indices, int(k), gen)
         valid = sched >= 0
         count = valid.sum(2)                                        # (S, G) batch sizes
+        if self.fused is not None:
+            return self._train_group_fused(x0, sched, steps, spec, lr, corrs, count)
         weight = valid.to(x0.dtype) / count.clamp(min=1).unsqueeze(2).to(x0.dtype)
         sched.clamp_(min=0)                                         # padding reads sample 0, weighted 0
         w = x0[:P].expand(G, P).clone()
@@ -187,12 +208,42 @@ class BlockTrainer:
                 scale = spec.decay**k if spec.decay != 1.0 else 1.0
                 w[:a].add_(g, alpha=-lr * scale)
                 loss_sum[:a] += per_client.detach()
-        a = solver_coefficients(spec, lr, S)
-        samples = count.sum(0).tolist()
-        delta = w - x0p
-        return [ClientResult(delta[g], int(steps[g]), float(a[steps[g], 0]), float(loss_sum[g]) / int(steps[g]),
-                             int(samples[g]), anorm2=float(a[steps[g], 1]), alast=float(a[steps[g], 2]))
-                for g in range(G)]
+        return _results(spec, lr, steps, count, w - x0p, loss_sum)
+
+    def _train_group_fused(self, x0, sched, steps, spec, lr: float, corrs, count) -> list[ClientResult]:
+        """The group's whole round in one compiled call (:mod:`hpcfl.client.fused`)."""
+        from .fused import train_logreg_group
+
+        P, G = self.model.num_params, len(steps)
+        x0p = x0[:P]
+        w = x0p.expand(G, P).contiguous().clone()
+        corr = None
+        if any(c is not None for c in corrs):
+            corr = torch.stack([torch.zeros_like(x0p) if c is None else c for c in corrs]).contiguous().numpy()
+        loss = train_logreg_group(self.fused, w.numpy(), self._xn, self._yn, sched.numpy(), steps, spec, lr,
+                                  corr, x0p.contiguous().numpy(), self.model.module.fc.out_features)
+        return _results(spec, lr, steps, count, w - x0p, torch.from_numpy(loss))
+
+
+def _results(spec: SolverSpec, lr: float, steps: np.ndarray, count: torch.Tensor, delta: torch.Tensor,
+             loss_sum: torch.Tensor) -> list[ClientResult]:
+    """One ClientResult per row: ``delta`` (G, P), loss sums (G,), batch sizes ``count`` (S, G)."""
+    a = solver_coefficients(spec, lr, int(steps[0]))
+    samples = count.sum(0).tolist()
+    return [ClientResult(delta[g], int(steps[g]), float(a[steps[g], 0]), float(loss_sum[g]) / int(steps[g]),
+                         int(samples[g]), anorm2=float(a[steps[g], 1]), alast=float(a[steps[g], 2]))
+            for g in range(len(steps))]
+
+
+def _fused_kernel(model: FlatModel):
+    """The compiled group kernel for logistic regression on CPU, or None (other models, GPU, no numba)."""
+    from ..models.simple import LogReg
+
+    if not isinstance(model.module, LogReg) or model.device.type != "cpu":
+        return None
+    from .fused import kernel
+
+    return kernel()
 
 
 def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec, x_train, y_train):
@@ -217,7 +268,10 @@ def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec,
         closed = getattr(model.module, "batched_loss_grad", None) is not None
         if why is not None or not closed:
             return None
-        if comm.rank == 0:
-            print(f"hpcfl: runtime.vectorize = 'auto': training clients in batched groups (model "
-                  f"{cfg.model.name!r} has a closed-form batched gradient; 'off' for the one-by-one loop)", flush=True)
-    return BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size)
+    block = BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size)
+    if mode == "auto" and comm.rank == 0:
+        how = "; each group's round is one compiled call" if block.fused is not None else ""
+        print(f"hpcfl: runtime.vectorize = 'auto': training clients in batched groups (model "
+              f"{cfg.model.name!r} has a closed-form batched gradient{how}; 'off' for the one-by-one loop)",
+              flush=True)
+    return block

@@ -12,12 +12,16 @@ import torch
 from hpcfl import rng
 from hpcfl.algorithms.local import LocalSolver, SolverSpec
 from hpcfl.client.block import BlockTrainer, unsupported
+from hpcfl.client.fused import kernel
 from hpcfl.client.trainer import Trainer
 from hpcfl.models.quadratic import Quadratic
 from hpcfl.models.simple import LogReg
 from hpcfl.params import FlatModel
 
 D = torch.float64
+HAVE_NUMBA = kernel() is not None
+# (model, fused): logistic regression through the compiled kernel and through the batched torch step
+PATHS = [(LogReg, True), (LogReg, False), (Quadratic, False)]
 SPECS = {
     "sgd": SolverSpec(lr=0.1),
     "all": SolverSpec(lr=0.05, momentum=0.9, weight_decay=1e-3, mu=0.3, decay=0.97),
@@ -55,17 +59,19 @@ def run_sequential(model, x, y, spec, cl, corrs):
     return x0, out
 
 
-def run_block(model, x, y, spec, cl, corrs, group_size=64):
-    bt = BlockTrainer(model, x, y, batch_size=8, group_size=group_size)
+def run_block(model, x, y, spec, cl, corrs, group_size=64, fused=True):
+    bt = BlockTrainer(model, x, y, batch_size=8, group_size=group_size, fused=fused)
+    # logistic regression on CPU takes the compiled kernel whenever numba is there: the tests below test it
+    assert (bt.fused is not None) == (fused and HAVE_NUMBA and isinstance(model.module, LogReg))
     x0 = model.flat.detach().clone()
     jobs = [(idx, steps, rng.torch_generator(torch.device("cpu"), 0, rng.CLIENT_TRAIN, 0, c))
             for c, (idx, steps) in enumerate(cl)]
     return bt.train(x0, jobs, spec, spec.lr, corrs)
 
 
-@pytest.mark.parametrize("model_cls", [LogReg, Quadratic])
+@pytest.mark.parametrize("model_cls,fused", PATHS)
 @pytest.mark.parametrize("kind", ["sgd", "all"])
-def test_block_equals_sequential_within_rounding(model_cls, kind):
+def test_block_equals_sequential_within_rounding(model_cls, fused, kind):
     """Same batches, same solver: updates agree to 1e-12 relative, ||a||_1 and samples exactly."""
     model, x, y = setup(model_cls)
     cl = clients()
@@ -75,7 +81,7 @@ def test_block_equals_sequential_within_rounding(model_cls, kind):
     if kind == "all":   # a SCAFFOLD-like correction on some clients
         corrs = [torch.randn(P, dtype=D) * 0.01 if c % 2 else None for c in range(len(cl))]
     _, seq = run_sequential(model, x, y, spec, cl, corrs)
-    blk = run_block(model, x, y, spec, cl, corrs)
+    blk = run_block(model, x, y, spec, cl, corrs, fused=fused)
     for a, b in zip(seq, blk):
         assert (a.steps, a.samples) == (b.steps, b.samples)
         assert (a.anorm, a.anorm2, a.alast) == (b.anorm, b.anorm2, b.alast)
@@ -84,14 +90,15 @@ def test_block_equals_sequential_within_rounding(model_cls, kind):
         assert b.loss == pytest.approx(a.loss, rel=1e-12)
 
 
-def test_a_client_result_does_not_depend_on_its_group():
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_client_result_does_not_depend_on_its_group(fused):
     """Group sizes 1, 3 and 64 give bitwise the same rows (what makes rank counts irrelevant)."""
     model, x, y = setup(LogReg)
     cl = clients(11, seed=3)
     spec = SPECS["all"]
-    ref = run_block(model, x, y, spec, cl, None, group_size=64)
+    ref = run_block(model, x, y, spec, cl, None, group_size=64, fused=fused)
     for gs in (1, 3):
-        got = run_block(model, x, y, spec, cl, None, group_size=gs)
+        got = run_block(model, x, y, spec, cl, None, group_size=gs, fused=fused)
         for a, b in zip(ref, got):
             assert torch.equal(a.delta, b.delta) and a.loss == b.loss
 
@@ -104,3 +111,63 @@ def test_models_the_block_cannot_take_say_why():
     lin = FlatModel(LogReg(4, 3), torch.device("cpu"), D)
     assert "augmentation" in unsupported(lin, lambda xb, g: xb, SPECS["sgd"])
     assert unsupported(lin, None, SPECS["sgd"]) is None
+
+
+needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (or HPCFL_NO_NUMBA is set)")
+
+
+@needs_numba
+def test_fused_step_by_hand():
+    """One sample, W = 0: softmax is uniform, so the step is hand-computable.
+
+    C = 3, x = (2, -1), y = 1, lr = 0.5: dl/dz = (1/3, -2/3, 1/3), dl/dW = dl/dz x^T,
+    dl/db = dl/dz, loss = log 3; the new weights are -lr times the gradient.
+    """
+    model = FlatModel(LogReg(2, 3), torch.device("cpu"), D)
+    with torch.no_grad():
+        model.flat.zero_()
+    x = torch.tensor([[2.0, -1.0]], dtype=D)
+    y = torch.tensor([1])
+    bt = BlockTrainer(model, x, y, batch_size=4)
+    gen = torch.Generator().manual_seed(0)
+    (res,) = bt.train(model.flat.clone(), [(torch.tensor([0]), 1, gen)], SolverSpec(lr=0.5), 0.5)
+    t = 1 / 3
+    dz = np.array([t, t - 1, t])
+    want = -0.5 * np.concatenate([np.outer(dz, [2.0, -1.0]).ravel(), dz])
+    np.testing.assert_allclose(res.delta.numpy(), want, rtol=1e-15, atol=0)
+    assert res.loss == pytest.approx(np.log(3), rel=1e-15)
+    assert (res.steps, res.samples, res.anorm) == (1, 1, 1.0)
+
+
+@needs_numba
+def test_fused_float32_and_a_far_wrong_class_stay_finite():
+    """float32, as the engine runs logreg: within float32 rounding of the sequential loop, and a
+    sample whose class has a logit 200 below the largest keeps a finite loss of about 200
+    (its probability underflows; the log-sum-exp form does not)."""
+    torch.manual_seed(1)
+    model = FlatModel(LogReg(6, 4), torch.device("cpu"), torch.float32)
+    x = torch.randn(40, 6)
+    y = torch.randint(0, 4, (40,))
+    with torch.no_grad():
+        model.flat.copy_(torch.randn(model.length) * 0.1)
+    cl = clients(5, seed=2)
+    cl = [(idx % 40, steps) for idx, steps in cl]
+    spec = SPECS["all"]
+    x0 = model.flat.detach().clone()
+    tr = Trainer(model, x, y, batch_size=8)
+    seq = [tr.train(x0, idx, steps, LocalSolver(spec), rng.torch_generator(torch.device("cpu"), 0, rng.CLIENT_TRAIN,
+                                                                           0, c), None, spec.lr)
+           for c, (idx, steps) in enumerate(cl)]
+    model.load(x0)
+    blk = run_block(model, x, y, spec, cl, None)
+    for a, b in zip(seq, blk):
+        assert float((a.delta - b.delta).abs().max()) <= 1e-5 * float(a.delta.abs().max())
+        assert b.loss == pytest.approx(a.loss, rel=1e-5)
+
+    far = FlatModel(LogReg(1, 2), torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        far.flat.copy_(torch.tensor([100.0, -100.0, 0.0, 0.0]))   # z = (100, -100) at x = 1
+    bt = BlockTrainer(far, torch.ones(1, 1), torch.tensor([1]), batch_size=1)
+    (res,) = bt.train(far.flat.clone(), [(torch.tensor([0]), 1, torch.Generator())], SolverSpec(lr=1e-3), 1e-3)
+    assert res.loss == pytest.approx(200.0, rel=1e-6)
+    assert torch.isfinite(res.delta).all()
