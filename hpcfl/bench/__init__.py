@@ -10,6 +10,11 @@ for R > 1), then prints per side: steady seconds per round (mean of rounds 2..R)
 phase, SGD steps per second, start-up before round 1, peak memory per rank, and the ratio
 hpcfl / bare of the steady seconds per round (below 1: the engine is faster). Figures
 go to ``--out`` as JSON. Workloads are defined in docs/workloads.md.
+
+With ``--repeat N`` the two sides run N times as adjacent pairs, the order alternating
+(hpcfl first, then bare first, ...), and the ratio printed is the median of the N pair
+ratios with their range: on a shared machine one pair can be 15% off either way, and a pair
+run back to back shares most of the machine's drift. Each side's line is its median run.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the workload's job for both sides, e.g. data.cache=off")
     p.add_argument("--only", choices=("hpcfl", "bare"), help="run one side only")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the two sides N times in alternating order and print the median ratio (default 1)")
     p.add_argument("--out", help="folder for the JSON figures (default: a temporary folder, removed)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per process (default 3600)")
 
@@ -86,6 +93,20 @@ def summarize(fig: dict) -> dict:
             "steps_per_s": steps / (per_round * n) if per_round > 0 else float("nan")}
 
 
+def pair_ratios(hpcfl: list[dict], bare: list[dict]) -> dict:
+    """Median and range of hpcfl / bare over adjacent pairs of summaries (:func:`summarize`)."""
+    import statistics
+
+    ratios = [h["s_per_round"] / b["s_per_round"] for h, b in zip(hpcfl, bare)]
+    return {"ratio": statistics.median(ratios), "ratios": ratios}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The summary whose s/round is the median (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda r: r["s_per_round"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def _line(name: str, s: dict) -> str:
     ph = " ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
     return (f"  {name:<6} {s['s_per_round']:8.3f} s/round ({ph})  {s['steps_per_s']:8.1f} steps/s  "
@@ -117,33 +138,40 @@ def _main(a, comm) -> int:
     os.makedirs(out_dir, exist_ok=True)
     sides = [a.only] if a.only else ["hpcfl", "bare"]
     print(f"hpcfl bench {a.workload}: {WORKLOADS[a.workload][0]}", flush=True)
+    if a.repeat < 1:
+        raise ConfigError(f"--repeat {a.repeat}: give at least 1")
     results = []
     try:
         for ranks, threads in layouts:
-            figs = {}
-            for side in sides:
-                path = os.path.join(out_dir, f"{a.workload}_{side}_{ranks}x{threads}.json")
-                cmd = _command(side, a, ranks, threads, path)
-                print(f"  running {side} on {ranks} x {threads}: {' '.join(cmd)}", flush=True)
-                env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-                proc = subprocess.run(cmd, env=env, timeout=a.timeout, capture_output=True, text=True)
-                if proc.returncode != 0:
-                    print(proc.stdout[-2000:] + proc.stderr[-4000:], file=sys.stderr)
-                    print(f"hpcfl bench: the {side} process failed (exit {proc.returncode})", file=sys.stderr)
-                    return 1
-                with open(path) as f:
-                    figs[side] = json.load(f)
-            summary = {side: summarize(f) for side, f in figs.items()}
-            print(f"{ranks} rank(s) x {threads} thread(s):")
+            figs = {side: [] for side in sides}
+            for rep in range(a.repeat):
+                for side in (sides if rep % 2 == 0 else sides[::-1]):   # alternate who goes first
+                    suffix = f"_r{rep + 1}" if a.repeat > 1 else ""
+                    path = os.path.join(out_dir, f"{a.workload}_{side}_{ranks}x{threads}{suffix}.json")
+                    cmd = _command(side, a, ranks, threads, path)
+                    print(f"  running {side} on {ranks} x {threads}: {' '.join(cmd)}", flush=True)
+                    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+                    proc = subprocess.run(cmd, env=env, timeout=a.timeout, capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        print(proc.stdout[-2000:] + proc.stderr[-4000:], file=sys.stderr)
+                        print(f"hpcfl bench: the {side} process failed (exit {proc.returncode})", file=sys.stderr)
+                        return 1
+                    with open(path) as f:
+                        figs[side].append(json.load(f))
+            runs = {side: [summarize(f) for f in fs] for side, fs in figs.items()}
+            summary = {side: median_run(r) for side, r in runs.items()}
+            print(f"{ranks} rank(s) x {threads} thread(s):" + (f" (median of {a.repeat} runs each)" if a.repeat > 1 else ""))
             for side, s in summary.items():
                 print(_line(side, s))
             if len(summary) == 2:
-                ratio = summary["hpcfl"]["s_per_round"] / summary["bare"]["s_per_round"]
-                extra = ", vectorised blocks" if figs["hpcfl"].get("vectorize") else ""
-                dealt = "dealt by work" if figs["hpcfl"].get("dealt") else "home blocks"
+                summary.update(pair_ratios(runs["hpcfl"], runs["bare"]))
+                ratio = summary["ratio"]
+                extra = ", vectorised blocks" if figs["hpcfl"][0].get("vectorize") else ""
+                dealt = "dealt by work" if figs["hpcfl"][0].get("dealt") else "home blocks"
+                spread = (f"; median of {a.repeat} pairs, range {min(summary['ratios']):.3f}-"
+                          f"{max(summary['ratios']):.3f}" if a.repeat > 1 else "")
                 print(f"  ratio hpcfl / bare (s per round): {ratio:.3f}x  ({1 / ratio:.2f}x the bare loop's speed; "
-                      f"hpcfl clients {dealt}{extra})", flush=True)
-                summary["ratio"] = ratio
+                      f"hpcfl clients {dealt}{extra}{spread})", flush=True)
             results.append({"ranks": ranks, "threads": threads, **summary})
         with open(os.path.join(out_dir, f"{a.workload}_summary.json"), "w") as f:
             json.dump(results, f, indent=1)

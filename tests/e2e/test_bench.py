@@ -5,7 +5,7 @@ import json
 import pytest
 from clirun import hpcfl
 
-from hpcfl.bench import _layouts, summarize
+from hpcfl.bench import _layouts, median_run, pair_ratios, summarize
 from hpcfl.errors import ConfigError
 
 TINY = ["--set", "data.synthetic_images.num_train=640", "--set", "data.synthetic_images.num_test=100",
@@ -57,3 +57,29 @@ def test_layouts_default_and_errors():
 def test_unknown_workload_is_refused_by_the_parser():
     p = hpcfl("bench", "nope")
     assert p.returncode == 2 and "invalid choice: 'nope'" in p.stderr
+
+
+def test_repeated_pairs_give_the_median_ratio_by_hand():
+    h = [{"s_per_round": v} for v in (1.2, 1.0, 1.1)]
+    b = [{"s_per_round": v} for v in (1.0, 1.0, 0.5)]
+    got = pair_ratios(h, b)
+    assert got["ratios"] == [1.2, 1.0, 2.2] and got["ratio"] == 1.2    # pairs, not medians of each side
+    assert median_run(h)["s_per_round"] == 1.1
+    assert median_run(h[:2])["s_per_round"] == 1.0                      # even count: the lower middle run
+    assert pair_ratios(h[:2], b[:2])["ratio"] == pytest.approx(1.1)
+
+
+def test_repeat_alternates_the_sides_and_prints_the_median_pair_ratio(tmp_path):
+    p = hpcfl("bench", "W", "--rounds", "2", "--layout", "1x1", "--repeat", "2", "--out", str(tmp_path), *TINY,
+              timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    order = [line.split()[1] for line in p.stdout.splitlines() if line.strip().startswith("running")]
+    assert order == ["hpcfl", "bare", "bare", "hpcfl"]
+    runs = {side: [summarize(json.loads((tmp_path / f"W_{side}_1x1_r{i}.json").read_text())) for i in (1, 2)]
+            for side in ("hpcfl", "bare")}
+    want = pair_ratios(runs["hpcfl"], runs["bare"])
+    summary = json.loads((tmp_path / "W_summary.json").read_text())[0]
+    assert summary["ratios"] == pytest.approx(want["ratios"]) and summary["ratio"] == pytest.approx(want["ratio"])
+    assert f"ratio hpcfl / bare (s per round): {want['ratio']:.3f}x" in p.stdout
+    assert "median of 2 pairs, range" in p.stdout and "(median of 2 runs each)" in p.stdout
+    assert hpcfl("bench", "W", "--repeat", "0").returncode == 2
