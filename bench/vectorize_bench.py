@@ -6,9 +6,8 @@ Runs, on one core, each job three ways in one sitting:
 
 - ``loop``:   ``runtime.vectorize = "off"``, one client at a time (torch, eager);
 - ``torch``:  batched groups with the batched torch step (the path without numba);
-- ``auto``:   what ``vectorize = "auto"`` takes: for logistic regression on CPU with numba, a
-  group's whole round in one compiled call (:mod:`hpcfl.client.fused`); the quadratic has no
-  compiled kernel and takes the torch step (so its two block figures are the same path).
+- ``auto``:   what ``vectorize = "auto"`` takes: for logistic regression and the quadratic on CPU
+  with numba, a group's whole round in one compiled call (:mod:`hpcfl.client.fused`).
 
 Jobs: ``jobs/papers/fednova_synthetic.toml`` as shipped (Synthetic(1,1) logistic regression, 9 of
 30 clients per round, E ~ U{1..5}, evaluation every round, 30 rounds) and

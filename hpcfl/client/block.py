@@ -8,8 +8,9 @@ rows of one (G, P) tensor, one batched forward/backward gives every client's gra
 and one vectorised solver step updates every row. Models may give that gradient in closed
 form (``batched_loss_grad``: the quadratic, logistic regression); any other vmappable model
 goes through ``torch.func.vmap`` of its forward and one autograd call per step. Logistic
-regression on CPU goes further where numba is installed: a group's whole round is one compiled
-call (:mod:`hpcfl.client.fused`), with the same batches and solver, also equal within rounding.
+regression and the quadratic on CPU go further where numba is installed: a group's whole round
+is one compiled call (:mod:`hpcfl.client.fused`), with the same batches and solver, also equal
+within rounding.
 
 What stays exactly as in the sequential loop:
 
@@ -99,8 +100,8 @@ class BlockTrainer:
     group_size : int
         Most clients trained together.
     fused : bool
-        Train logistic regression on CPU with the compiled group kernel (:mod:`hpcfl.client.fused`)
-        where numba is there; False keeps the batched torch step.
+        Train logistic regression and the quadratic on CPU with a compiled group kernel
+        (:mod:`hpcfl.client.fused`) where numba is there; False keeps the batched torch step.
     """
 
     def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, group_size: int = GROUP_SIZE,
@@ -108,10 +109,17 @@ class BlockTrainer:
         self.model, self.x, self.y = model, x_train, y_train
         self.batch_size, self.group_size = batch_size, group_size
         m = model.module
-        self.fused = _fused_kernel(model) if fused else None   # compiled (or loaded) now, before any round
-        if self.fused is not None:   # the kernel reads (N, F) arrays in the model's dtype, shared with torch
-            self._xn = x_train.reshape(len(x_train), -1).to(model.dtype).contiguous().numpy()
+        kind = _fused_kind(model, x_train) if fused else None
+        self.fused = None
+        if kind is not None:
+            from .fused import kernel
+
+            self.fused = kernel(kind)   # compiled (or loaded from numba's cache) now, before any round
+        if self.fused is not None:   # the kernel reads numpy views of the data in the model's dtype
+            xs = x_train.reshape(len(x_train), -1) if kind == "logreg" else x_train
+            self._xn = xs.to(model.dtype).contiguous().numpy()
             self._yn = y_train.to(torch.int64).contiguous().numpy()
+            self._classes = m.fc.out_features if kind == "logreg" else 0
         self._closed = getattr(m, "batched_loss_grad", None)   # (w, xb, yb, weight) -> (loss (G,), grad (G, P))
         names = [n.split(":", 1)[1] for n in model.names]
         sizes = [int(np.prod(s)) for s in model.shapes]
@@ -212,7 +220,7 @@ class BlockTrainer:
 
     def _train_group_fused(self, x0, sched, steps, spec, lr: float, corrs, count) -> list[ClientResult]:
         """The group's whole round in one compiled call (:mod:`hpcfl.client.fused`)."""
-        from .fused import train_logreg_group
+        from .fused import train_group
 
         P, G = self.model.num_params, len(steps)
         x0p = x0[:P]
@@ -220,8 +228,8 @@ class BlockTrainer:
         corr = None
         if any(c is not None for c in corrs):
             corr = torch.stack([torch.zeros_like(x0p) if c is None else c for c in corrs]).contiguous().numpy()
-        loss = train_logreg_group(self.fused, w.numpy(), self._xn, self._yn, sched.numpy(), steps, spec, lr,
-                                  corr, x0p.contiguous().numpy(), self.model.module.fc.out_features)
+        loss = train_group(self.fused, w.numpy(), self._xn, self._yn, sched.numpy(), steps, spec, lr, corr,
+                           x0p.contiguous().numpy(), self._classes)
         return _results(spec, lr, steps, count, w - x0p, torch.from_numpy(loss))
 
 
@@ -235,15 +243,19 @@ def _results(spec: SolverSpec, lr: float, steps: np.ndarray, count: torch.Tensor
             for g in range(len(steps))]
 
 
-def _fused_kernel(model: FlatModel):
-    """The compiled group kernel for logistic regression on CPU, or None (other models, GPU, no numba)."""
+def _fused_kind(model: FlatModel, x_train) -> str | None:
+    """Which compiled group kernel (:data:`hpcfl.client.fused.KINDS`) trains this model, or None
+    (other models, or not on CPU)."""
+    from ..models.quadratic import Quadratic
     from ..models.simple import LogReg
 
-    if not isinstance(model.module, LogReg) or model.device.type != "cpu":
+    if model.device.type != "cpu":
         return None
-    from .fused import kernel
-
-    return kernel()
+    if isinstance(model.module, LogReg):
+        return "logreg"
+    if isinstance(model.module, Quadratic):
+        return "quadratic" if x_train.dim() == 2 else "quadratic_general"
+    return None
 
 
 def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec, x_train, y_train):
@@ -252,8 +264,8 @@ def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec,
     "auto" is a rule, not a timing, so that the mode (and with it the last bits of the
     results) is a function of the job alone: blocks for models with a closed-form batched
     gradient (``batched_loss_grad``: the quadratic, logistic regression), where they were
-    measured 2-18x faster on one CPU core (docs/architecture.md), and the sequential loop
-    for everything else. Rank 0 of ``comm`` prints the choice.
+    measured 11-35x faster on one CPU core with the compiled kernels (docs/architecture.md),
+    and the sequential loop for everything else. Rank 0 of ``comm`` prints the choice.
     """
     mode = cfg.runtime.vectorize
     if mode == "off":

@@ -20,8 +20,8 @@ from hpcfl.params import FlatModel
 
 D = torch.float64
 HAVE_NUMBA = kernel() is not None
-# (model, fused): logistic regression through the compiled kernel and through the batched torch step
-PATHS = [(LogReg, True), (LogReg, False), (Quadratic, False)]
+# (model, fused): each model through its compiled kernel and through the batched torch step
+PATHS = [(LogReg, True), (LogReg, False), (Quadratic, True), (Quadratic, False)]
 SPECS = {
     "sgd": SolverSpec(lr=0.1),
     "all": SolverSpec(lr=0.05, momentum=0.9, weight_decay=1e-3, mu=0.3, decay=0.97),
@@ -61,8 +61,8 @@ def run_sequential(model, x, y, spec, cl, corrs):
 
 def run_block(model, x, y, spec, cl, corrs, group_size=64, fused=True):
     bt = BlockTrainer(model, x, y, batch_size=8, group_size=group_size, fused=fused)
-    # logistic regression on CPU takes the compiled kernel whenever numba is there: the tests below test it
-    assert (bt.fused is not None) == (fused and HAVE_NUMBA and isinstance(model.module, LogReg))
+    # logreg and the quadratic on CPU take a compiled kernel whenever numba is there: the tests below test it
+    assert (bt.fused is not None) == (fused and HAVE_NUMBA)
     x0 = model.flat.detach().clone()
     jobs = [(idx, steps, rng.torch_generator(torch.device("cpu"), 0, rng.CLIENT_TRAIN, 0, c))
             for c, (idx, steps) in enumerate(cl)]
@@ -171,3 +171,36 @@ def test_fused_float32_and_a_far_wrong_class_stay_finite():
     (res,) = bt.train(far.flat.clone(), [(torch.tensor([0]), 1, torch.Generator())], SolverSpec(lr=1e-3), 1e-3)
     assert res.loss == pytest.approx(200.0, rel=1e-6)
     assert torch.isfinite(res.delta).all()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_general_quadratic_block_equals_sequential(fused):
+    """GIFT's form, rows [c; h; n] (3, dim): l = 1/2 sum_j h_j (x_j - c_j)^2 + n . x."""
+    torch.manual_seed(2)
+    dim = 9
+    model = FlatModel(Quadratic(dim), torch.device("cpu"), D)
+    x = torch.randn(300, 3, dim, dtype=D)
+    x[:, 1] = x[:, 1].abs() + 0.5                 # positive curvatures
+    y = torch.zeros(300, dtype=torch.int64)
+    with torch.no_grad():
+        model.flat.copy_(torch.randn(dim, dtype=D))
+    cl, spec = clients(), SPECS["all"]
+    corrs = [torch.randn(dim, dtype=D) * 0.01 if c % 3 else None for c in range(len(cl))]
+    _, seq = run_sequential(model, x, y, spec, cl, corrs)
+    blk = run_block(model, x, y, spec, cl, corrs, fused=fused)
+    for a, b in zip(seq, blk):
+        assert (a.steps, a.samples, a.anorm) == (b.steps, b.samples, b.anorm)
+        assert float((a.delta - b.delta).abs().max()) <= 1e-12 * float(a.delta.abs().max())
+        assert b.loss == pytest.approx(a.loss, rel=1e-12)
+
+
+@needs_numba
+def test_fused_quadratic_step_by_hand():
+    """F(x) = 1/2 ||x - e||^2 from x = 0 with batch {e1, e2}: one step of lr 0.5 gives
+    x = 0.5 * (e1 + e2) / 2, and the loss is the batch mean of ||e_b||^2 / 2."""
+    model = FlatModel(Quadratic(2), torch.device("cpu"), D)
+    x = torch.tensor([[1.0, 2.0], [3.0, -4.0]], dtype=D)
+    bt = BlockTrainer(model, x, torch.zeros(2, dtype=torch.int64), batch_size=2)
+    (res,) = bt.train(torch.zeros(2, dtype=D), [(torch.tensor([0, 1]), 1, torch.Generator())], SolverSpec(lr=0.5), 0.5)
+    assert res.delta.tolist() == [1.0, -0.5]
+    assert res.loss == (0.5 * 5 + 0.5 * 25) / 2
