@@ -11,8 +11,8 @@ with no allocation per step.
 Numerics. The arithmetic is done in the model's dtype (scalars are cast to it first, as torch
 casts ``alpha``), in a fixed order that does not depend on the vector width: a logit sums its
 features in order, a gradient sums its batch in order, and the only reductions are scalar loops.
-No fast-math, so LLVM neither reassociates nor contracts into FMA: the result is the same on any
-x86-64 CPU. Each client's loop reads only its own row, so a client's result does not depend on
+No fast-math, so LLVM neither reassociates nor contracts into FMA: the result does not depend on
+the CPU's vector width (exp and log come from the C math library). Each client's loop reads only its own row, so a client's result does not depend on
 which clients share its group, its rank or the rank count. It differs from torch's kernels (the
 sequential loop and the batched step) by rounding only (tests/unit/test_block.py).
 """
