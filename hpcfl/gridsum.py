@@ -160,25 +160,24 @@ def _compile():
         e = math.frexp(np.float64(x))[1]
         return e - 1 if x < (np.int64(1) << (e - 1)) else e
 
-    @numba.njit("float64(int64, int64, int64, int64)", cache=True)
-    def to_float(lo, hi, top, s_bits):   # pragma: no cover - compiled
-        # lo + hi * 2**S + top * 2**2S, rounded once (half to even) to float64
-        one = np.int64(1)
+    @numba.njit(inline="always")
+    def carry(lo, hi, top, s_bits):   # pragma: no cover - compiled
+        # the same integer, with lo and hi brought into [0, 2**S) (arithmetic shifts floor)
         c = lo >> s_bits
         lo -= c << s_bits
         hi += c
         c = hi >> s_bits
         hi -= c << s_bits
-        top += c
+        return lo, hi, top + c
+
+    @numba.njit("float64(int64, int64, int64, int64)", cache=True)
+    def to_float(lo, hi, top, s_bits):   # pragma: no cover - compiled
+        # lo + hi * 2**S + top * 2**2S, rounded once (half to even) to float64
+        one = np.int64(1)
+        lo, hi, top = carry(lo, hi, top, s_bits)
         neg = top < 0
         if neg:                       # negate, then bring the low limbs back into [0, 2**S)
-            lo, hi, top = -lo, -hi, -top
-            c = lo >> s_bits
-            lo -= c << s_bits
-            hi += c
-            c = hi >> s_bits
-            hi -= c << s_bits
-            top += c
+            lo, hi, top = carry(-lo, -hi, -top, s_bits)
         if top == 0 and hi < (one << (62 - s_bits)):
             v = np.float64((hi << s_bits) + lo)         # fits in int64: one rounding
         else:
