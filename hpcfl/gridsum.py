@@ -40,11 +40,11 @@ diverged, as a float sum that overflows would.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from .algorithms.protocol import ServerArray
+from .jit import numba_or_none
 
 BLOCK_BITS = 4                 # 16 elements share a grid exponent
 BLOCK = 1 << BLOCK_BITS
@@ -108,11 +108,8 @@ def _convert_numpy(lo, hi, top, limbs, s_bits, starts, unit, out):
 
 def _compile():
     """(deposit, convert) compiled with numba, or None where numba cannot be had."""
-    if os.environ.get("HPCFL_NO_NUMBA"):
-        return None
-    try:
-        import numba
-    except ImportError:
+    numba = numba_or_none()
+    if numba is None:
         return None
 
     # No early exit: a branch out of the loop stops it from vectorising (2x slower). A

@@ -19,9 +19,9 @@ sequential loop and the batched step) by rounding only (tests/unit/test_block.py
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from ..jit import numba_or_none
 
 _KERNELS: dict = {}   # kind -> compiled kernel or None, built on first use (compiled once, then numba's cache)
 KINDS = ("logreg", "quadratic", "quadratic_general")
@@ -29,11 +29,8 @@ KINDS = ("logreg", "quadratic", "quadratic_general")
 
 def _compile(kind: str):
     """The compiled group kernel of ``kind``, or None where numba cannot be had (or ``HPCFL_NO_NUMBA``)."""
-    if os.environ.get("HPCFL_NO_NUMBA"):
-        return None
-    try:
-        import numba
-    except ImportError:
+    numba = numba_or_none()
+    if numba is None:
         return None
 
     @numba.njit(inline="always")
