@@ -71,6 +71,7 @@ class Setup:
 def prepare(cfg, comm) -> Setup:
     """Load data, partition, place clients, build the model and the policies on this rank."""
     from . import data, models
+    from .models import pool
 
     local_rank, local_size = node_layout(comm)
     device = pick_device(cfg.runtime.device, local_rank)
@@ -100,6 +101,7 @@ def prepare(cfg, comm) -> Setup:
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
     model = FlatModel(module, device, dtype)
+    pool.load_for(module, device)   # the compiled pooling's load belongs to start-up, not to round 1
     x_train = torch.from_numpy(ds.x_train).to(device=device, dtype=dtype)
     y_train = torch.from_numpy(ds.y_train).to(device=device)
     augment = None

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ._common import ZooModel, image_at_least
+from .pool import MaxPool2x2
 
 #: Smallest H or W for which the second pooling still leaves a 1x1 map:
 #: ((16 - 4) // 2 - 4) // 2 = 1.
@@ -60,8 +61,8 @@ class LeNet5(ZooModel):
         channels, height, width = input_shape
         flat = 16 * _side_after_convs(height) * _side_after_convs(width)
         self.conv = nn.Sequential(
-            nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(channels, 6, 5), nn.ReLU(), MaxPool2x2(),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), MaxPool2x2(),
             nn.Flatten(1),
         )  # fmt: skip
         self.mlp = nn.Sequential(nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())

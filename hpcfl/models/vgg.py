@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ._common import NORMS, ZooModel, groups_problem, he_conv2d, image_at_least, norm2d
+from .pool import MaxPool2x2
 
 CFG_A = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 CFG_D = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
@@ -108,7 +109,7 @@ def _conv_stack(cfg: tuple, channels: int, norm: str, groups: int) -> nn.Sequent
     layers: list[nn.Module] = []
     for item in cfg:
         if item == "M":
-            layers.append(nn.MaxPool2d(2))
+            layers.append(MaxPool2x2())
             continue
         layers.append(he_conv2d(channels, item, 3, padding=1))
         if norm != "none":

@@ -103,6 +103,24 @@ def test_a_client_result_does_not_depend_on_its_group(fused):
             assert torch.equal(a.delta, b.delta) and a.loss == b.loss
 
 
+def test_cnn_block_through_vmap_equals_sequential():
+    """LeNet-5 goes through vmap of its forward, with its compiled pooling folded over the group."""
+    from hpcfl.models.cnn import LeNet5
+
+    torch.manual_seed(0)
+    model = FlatModel(LeNet5((1, 16, 16), 5), torch.device("cpu"), D)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 1, 16, 16, dtype=D, generator=g)
+    y = torch.randint(0, 5, (300,), generator=g)
+    cl = clients(5, seed=2)
+    spec = SPECS["all"]
+    _, seq = run_sequential(model, x, y, spec, cl, [None] * len(cl))
+    blk = run_block(model, x, y, spec, cl, [None] * len(cl), fused=False)
+    for a, b in zip(seq, blk):
+        assert (a.steps, a.anorm) == (b.steps, b.anorm)
+        assert float((a.delta - b.delta).abs().max()) <= 1e-12 * float(a.delta.abs().max())
+
+
 def test_models_the_block_cannot_take_say_why():
     bn = FlatModel(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)), torch.device("cpu"), D)
     assert "buffers" in unsupported(bn, None, SPECS["sgd"])
