@@ -81,6 +81,7 @@ class Trainer:
         self.x, self.y = x_train, y_train
         self.batch_size = batch_size
         self.augment = augment
+        self._xb = self._yb = None   # batch buffers, reused every step (filled by index_select)
 
     def train(self, x0: torch.Tensor, indices: torch.Tensor, steps: int, solver: LocalSolver,
               gen: torch.Generator, corr: torch.Tensor | None = None, lr: float | None = None) -> ClientResult:
@@ -104,7 +105,7 @@ class Trainer:
                 perm, pos = indices[torch.randperm(n, generator=gen, device=gen.device).to(indices.device)], 0
             batch = perm[pos : pos + self.batch_size]
             pos += self.batch_size
-            xb, yb = self.x[batch], self.y[batch]
+            xb, yb = self._gather(batch)
             if self.augment is not None:
                 xb = self.augment(xb, gen)
             loss = loss_fn(m.module(xb), yb)
@@ -117,6 +118,18 @@ class Trainer:
         mean_loss = float(loss_sum) / steps if steps else 0.0
         return ClientResult(delta, steps, solver.anorm() if steps else 0.0, mean_loss, samples,
                             anorm2=solver.anorm2() if steps else 0.0, alast=solver.alast() if steps else 0.0)
+
+
+    def _gather(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x[batch], y[batch]) written into buffers reused across steps: on W, 62 us where indexing
+        allocates and takes 140. A buffer is free again once the step's backward has run."""
+        if self._xb is None:
+            self._xb = self.x.new_empty((self.batch_size, *self.x.shape[1:]))
+            self._yb = self.y.new_empty((self.batch_size, *self.y.shape[1:]))
+        k = int(batch.numel())
+        batch = batch.to(self.x.device)   # no-op where the indices already live with the data
+        return (torch.index_select(self.x, 0, batch, out=self._xb[:k]),
+                torch.index_select(self.y, 0, batch, out=self._yb[:k]))
 
 
 class LocalClients:
