@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 
 
-def run_bare(job: dict, comm, reverse: bool = False) -> dict:
+def run_bare(job: dict, comm, reverse: bool = False, layers: str = "torch") -> dict:
     """Train ``job``'s workload; returns per-round phase seconds and the work done (every rank),
     and the final flat model (``final``). ``reverse`` trains each rank's clients in reverse
-    order (FedAvg does not depend on the order: a test checks the loop keeps clients independent)."""
+    order (FedAvg does not depend on the order: a test checks the loop keeps clients independent).
+    ``layers``: "torch" swaps the zoo's own layers for torch's (:func:`torch_layers`); "zoo" keeps them."""
     from .. import config, data, models
     from ..algorithms.sampling import Sampler
     from ..comm import deal
@@ -44,6 +45,8 @@ def run_bare(job: dict, comm, reverse: bool = False) -> dict:
 
     torch.manual_seed(cfg.run.seed)
     net = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
+    if layers == "torch":
+        torch_layers(net)
     params = [p for p in net.parameters()]
     global_flat = torch.nn.utils.parameters_to_vector(params).detach().clone()
     L = global_flat.numel()
@@ -96,6 +99,19 @@ def run_bare(job: dict, comm, reverse: bool = False) -> dict:
         rounds.append({"round": rnd + 1, "train": t1 - t0, "reduce": t2 - t1, "eval": t3 - t2, "round_s": t3 - t0,
                        "steps": done, "accuracy": accuracy})
     return {"t_loop": t_loop, "rounds": rounds, "final": global_flat.numpy().copy()}
+
+
+def torch_layers(net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` with each of the zoo's faster equivalents of a torch layer replaced by torch's own,
+    in place: :class:`~hpcfl.models.pool.MaxPool2x2` -> ``nn.MaxPool2d(2)`` (no weights; the same
+    function, bitwise). The network one would write by hand, with the zoo's weights."""
+    from ..models.pool import MaxPool2x2
+
+    for parent in list(net.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, MaxPool2x2):
+                setattr(parent, name, torch.nn.MaxPool2d(2))
+    return net
 
 
 @torch.no_grad()

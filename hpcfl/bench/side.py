@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", required=True)
+    ap.add_argument("--layers", choices=("torch", "zoo"), default="torch", help="the bare loop's layers")
     a = ap.parse_args(argv)
 
     import torch
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
         out = run_engine(job, comm, a.threads)
     else:
         from .bare import run_bare
-        out = run_bare(job, comm)
+        out = run_bare(job, comm, layers=a.layers)
         out.pop("final")
     rss = comm.gather(peak_rss_mb(), root=0)
     if a.side == "bare":   # each rank counted its own steps; the engine's records already hold every rank's
