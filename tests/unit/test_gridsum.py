@@ -245,3 +245,20 @@ def test_conversion_rounds_the_exact_integer_once():
     exact = [float(int(a) + (int(b) << 53)) for a, b in zip(lo, hi)]
     gridsum._convert_numpy(lo, hi, top, 2, 53, starts, unit, ref)
     assert ref.tolist() == exact
+
+
+def test_numpy_conversion_of_mixed_rows_is_pythons_exact_int():
+    """Rows where some elements use only the low limb (numpy's int64 -> float64, lo beyond 2**53
+    included) and others the higher limbs (Python ints): each is the exact integer rounded once."""
+    rng = np.random.default_rng(9)
+    n, starts, unit = 3000, np.arange(3001, dtype=np.int64), np.ones(3000)
+    lo, hi, top = (rng.integers(-2**62, 2**62, n) >> rng.integers(0, 60, n) for _ in range(3))
+    low_only = rng.random(n) < 0.7
+    hi[low_only], top[low_only] = 0, 0
+    for limbs in (2, 3):
+        out = np.empty(n)
+        gridsum._convert_numpy(lo, hi, top, limbs, 47, starts, unit, out)
+        t = top if limbs > 2 else np.zeros_like(top)
+        exact = [float(int(a) + (int(b) << 47) + (int(c) << 94)) for a, b, c in zip(lo, hi, t)]
+        assert out.tolist() == exact
+    assert (np.abs(lo[low_only]) > 2**53).any()   # the rounding of the low limb itself was exercised
