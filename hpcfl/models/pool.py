@@ -9,8 +9,11 @@ wins, as in torch), and gives torch's own backward kernel the indices it would h
 values, the indices, and so every gradient are bitwise torch's: the swap changes no result,
 only the time (tests/unit/test_pool.py compares all three, on ties, NaNs and whole training runs).
 
-Everywhere else (no numba, ``HPCFL_NO_NUMBA=1``, a GPU, a half-precision or non-contiguous
-input) it is ``torch.nn.functional.max_pool2d(x, 2)``. Under ``torch.func.vmap`` the clients'
+The kernel runs on one thread, so it is used where torch runs on one (the R ranks x 1 thread
+layouts, one rank per core): there a LeNet-5 step is about 6% faster (``bench/pool_bench.py``).
+With 2 threads torch's pooling runs in parallel and the whole step was 8% faster with it.
+Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``, a GPU, a half-precision or
+non-contiguous input) it is ``torch.nn.functional.max_pool2d(x, 2)``. Under ``torch.func.vmap`` the clients'
 batches are folded into one and pooled in one call.
 """
 
@@ -77,8 +80,10 @@ def kernel():
 
 
 def load_for(module: nn.Module, device: torch.device) -> bool:
-    """Load the kernel now if ``module`` has a :class:`MaxPool2x2` and runs on CPU; True if it is used."""
-    if device.type != "cpu" or not any(isinstance(m, MaxPool2x2) for m in module.modules()):
+    """Load the kernel now if ``module`` has a :class:`MaxPool2x2` and runs on CPU with one torch
+    thread; True if it will be used."""
+    if (device.type != "cpu" or torch.get_num_threads() != 1
+            or not any(isinstance(m, MaxPool2x2) for m in module.modules())):
         return False
     return kernel() is not None
 
@@ -122,7 +127,8 @@ class MaxPool2x2(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
         if (x.dim() == 4 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-                and x.shape[2] >= 2 and x.shape[3] >= 2 and x.is_contiguous() and kernel() is not None):
+                and x.shape[2] >= 2 and x.shape[3] >= 2 and x.is_contiguous() and torch.get_num_threads() == 1
+                and kernel() is not None):
             return _MaxPool2x2.apply(x)[0]
         return F.max_pool2d(x, 2)
 

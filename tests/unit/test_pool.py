@@ -14,6 +14,15 @@ from hpcfl.models.pool import MaxPool2x2
 needs_kernel = pytest.mark.skipif(pool.kernel() is None, reason="numba missing or HPCFL_NO_NUMBA: the torch path only")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The layer takes its kernel with one torch thread only."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bit patterns (tells -0.0 from 0.0 and compares NaNs)."""
     ints = {torch.float32: torch.int32, torch.float64: torch.int64}
@@ -87,6 +96,9 @@ def test_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypatch):
     assert same_bits(layer(x.to(memory_format=torch.channels_last)).contiguous(), ref)   # not NCHW-contiguous
     assert same_bits(layer(x.double()), ref.double())
     assert same_bits(layer(x.half()).float(), F.max_pool2d(x.half(), 2).float())
+    torch.set_num_threads(2)                                                             # torch's, in parallel
+    assert same_bits(layer(x), ref)
+    torch.set_num_threads(1)
     monkeypatch.setattr(pool, "_KERNEL", [None])                                        # numba missing
     assert same_bits(layer(x), ref)
     with pytest.raises(RuntimeError):                                                    # torch's own error
@@ -132,3 +144,21 @@ def test_lenet_trains_bitwise_as_with_torchs_pooling():
     moved = [(p - q).abs().max() for p, q in zip(net.parameters(), start.parameters())]
     assert all(same_bits(p.detach(), q.detach()) for p, q in zip(net.parameters(), ref.parameters()))
     assert max(moved) > 0.01
+
+
+@needs_kernel
+def test_the_kernel_runs_with_one_thread_only_and_folds_a_vmapped_group(monkeypatch):
+    calls = []
+    compiled = pool.kernel()
+    monkeypatch.setattr(pool, "_KERNEL", [lambda x, out, idx: (calls.append(x.shape), compiled(x, out, idx))])
+    layer = MaxPool2x2()
+    layer(torch.randn(2, 3, 8, 8))
+    torch.func.vmap(layer)(torch.randn(4, 2, 3, 8, 8))   # 4 clients x batch 2 x 3 channels: one call
+    assert calls == [(6, 8, 8), (24, 8, 8)]
+    torch.set_num_threads(2)
+    layer(torch.randn(2, 3, 8, 8))
+    assert len(calls) == 2
+    assert pool.load_for(LeNet5((3, 32, 32), 10), torch.device("cpu")) is False   # 2 threads: not loaded for
+    torch.set_num_threads(1)
+    assert pool.load_for(LeNet5((3, 32, 32), 10), torch.device("cpu")) is True
+    assert pool.load_for(nn.Linear(2, 2), torch.device("cpu")) is False
