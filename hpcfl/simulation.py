@@ -222,10 +222,12 @@ def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> Rou
 
 
 def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.ndarray | None = None,
-        control=None, checkpoint=None) -> np.ndarray:
+        control=None, checkpoint=None, after_round=None) -> np.ndarray:
     """Run rounds ``start .. rounds-1``; returns the final flat model (every rank).
 
-    ``on_round(metrics, clients)`` is called on rank 0 after each round. ``x`` and
+    ``on_round(metrics, clients)`` is called on rank 0 after each round; ``after_round(rnd)`` on
+    every rank after it, outside the round's timings (``hpcfl bench --interleave`` runs the
+    bare loop's round there). ``x`` and
     ``sim_time`` continue a resumed run. ``control`` (hpcfl.control.RunControl) gives
     phases, guards and the stop agreement; ``checkpoint(rounds_done, x, sim_time)`` is a
     collective called at round ends when one is due, on a stop, and after the last round.
@@ -330,6 +332,8 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
                            time_eval=t4 - t3, time_round=t4 - t0)
             if on_round is not None:
                 on_round(metrics, clients)
+        if after_round is not None:
+            after_round(rnd)
 
         # 8. round boundary: agree on stop requests; checkpoint when due (rounds or rank 0's
         # wall clock), on a stop, at the end

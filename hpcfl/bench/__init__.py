@@ -17,6 +17,12 @@ compiled 2 x 2 max pooling of :mod:`hpcfl.models.pool`, bitwise ``nn.MaxPool2d``
 uses torch's, as hand-written code would. ``--bare-layers zoo`` gives it the zoo's layers too,
 so that the ratio measures the engine alone.
 
+With ``--interleave`` both sides run in one process per layout: after each engine round the
+bare loop trains the same round, and the ratio printed is the median of the per-round ratios
+over rounds 2..R (of every repeat) with their range. Round r of the two sides is the same
+cohort and the same steps, seconds apart, so a machine whose speed drifts by 15% over a minute
+still gives a steady ratio; start-up and peak memory are then the one process's.
+
 With ``--repeat N`` the two sides run N times as adjacent pairs, the order alternating
 (hpcfl first, then bare first, ...), and the ratio printed is the median of the N pair
 ratios with their range: on a shared machine one pair can be 15% off either way, and a pair
@@ -54,6 +60,10 @@ def add_parser(sub) -> None:
                         "the engine alone")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run the two sides N times in alternating order and print the median ratio (default 1)")
+    p.add_argument("--interleave", action="store_true",
+                   help="run the two sides in one process per layout (and repeat), the bare loop's round r right "
+                        "after the engine's, and print the median of the per-round ratios: on a machine whose "
+                        "speed drifts, the steadiest comparison (start-up and peak memory are then the process's)")
     p.add_argument("--out", help="folder for the JSON figures (default: a temporary folder, removed)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per process (default 3600)")
 
@@ -81,7 +91,7 @@ def _command(side: str, a, ranks: int, threads: int, path: str) -> list[str]:
         args += ["--rounds", str(a.rounds)]
     for o in a.overrides:
         args += ["--set", o]
-    if side == "bare":
+    if side in ("bare", "both"):
         args += ["--layers", getattr(a, "bare_layers", "torch")]
     if ranks == 1:
         return [sys.executable, "-m", "hpcfl.bench.side", *args]
@@ -111,6 +121,16 @@ def pair_ratios(hpcfl: list[dict], bare: list[dict]) -> dict:
     import statistics
 
     ratios = [h["s_per_round"] / b["s_per_round"] for h, b in zip(hpcfl, bare)]
+    return {"ratio": statistics.median(ratios), "ratios": ratios}
+
+
+def round_ratios(hpcfl: list[dict], bare: list[dict]) -> dict:
+    """Median and range of hpcfl / bare over the steady rounds (2..R) of interleaved runs: round r of
+    one side against round r of the other, the same cohort and steps, seconds apart."""
+    import statistics
+
+    ratios = [h["round_s"] / b["round_s"] for fh, fb in zip(hpcfl, bare)
+              for h, b in zip(fh["rounds"][1:] or fh["rounds"], fb["rounds"][1:] or fb["rounds"])]
     return {"ratio": statistics.median(ratios), "ratios": ratios}
 
 
@@ -157,8 +177,10 @@ def _main(a, comm) -> int:
     try:
         for ranks, threads in layouts:
             figs = {side: [] for side in sides}
+            interleave = getattr(a, "interleave", False) and len(sides) == 2
             for rep in range(a.repeat):
-                for side in (sides if rep % 2 == 0 else sides[::-1]):   # alternate who goes first
+                order = ["both"] if interleave else sides if rep % 2 == 0 else sides[::-1]   # alternate who goes first
+                for side in order:
                     suffix = f"_r{rep + 1}" if a.repeat > 1 else ""
                     path = os.path.join(out_dir, f"{a.workload}_{side}_{ranks}x{threads}{suffix}.json")
                     cmd = _command(side, a, ranks, threads, path)
@@ -170,19 +192,27 @@ def _main(a, comm) -> int:
                         print(f"hpcfl bench: the {side} process failed (exit {proc.returncode})", file=sys.stderr)
                         return 1
                     with open(path) as f:
-                        figs[side].append(json.load(f))
+                        fig = json.load(f)
+                    for name, one in (fig.items() if side == "both" else [(side, fig)]):
+                        figs[name].append(one)
             runs = {side: [summarize(f) for f in fs] for side, fs in figs.items()}
             summary = {side: median_run(r) for side, r in runs.items()}
             print(f"{ranks} rank(s) x {threads} thread(s):" + (f" (median of {a.repeat} runs each)" if a.repeat > 1 else ""))
             for side, s in summary.items():
                 print(_line(side, s))
+            if interleave:
+                print("  (interleaved in one process: start-up and peak memory are the process's, both sides')")
             if len(summary) == 2:
-                summary.update(pair_ratios(runs["hpcfl"], runs["bare"]))
+                summary.update(round_ratios(figs["hpcfl"], figs["bare"]) if interleave
+                               else pair_ratios(runs["hpcfl"], runs["bare"]))
                 ratio = summary["ratio"]
                 extra = ", vectorised blocks" if figs["hpcfl"][0].get("vectorize") else ""
                 dealt = "dealt by work" if figs["hpcfl"][0].get("dealt") else "home blocks"
                 spread = (f"; median of {a.repeat} pairs, range {min(summary['ratios']):.3f}-"
                           f"{max(summary['ratios']):.3f}" if a.repeat > 1 else "")
+                if interleave:
+                    spread = (f"; median of {len(summary['ratios'])} interleaved rounds, range "
+                              f"{min(summary['ratios']):.3f}-{max(summary['ratios']):.3f}")
                 layers = getattr(a, "bare_layers", "torch")
                 print(f"  ratio hpcfl / bare (s per round): {ratio:.3f}x  ({1 / ratio:.2f}x the bare loop's speed; "
                       f"hpcfl clients {dealt}{extra}; bare model with {layers} layers{spread})", flush=True)

@@ -23,6 +23,20 @@ def run_bare(job: dict, comm, reverse: bool = False, layers: str = "torch") -> d
     and the final flat model (``final``). ``reverse`` trains each rank's clients in reverse
     order (FedAvg does not depend on the order: a test checks the loop keeps clients independent).
     ``layers``: "torch" swaps the zoo's own layers for torch's (:func:`torch_layers`); "zoo" keeps them."""
+    rounds = bare_rounds(job, comm, reverse, layers)
+    next(rounds)   # set up
+    t_loop, rows = time.time(), []
+    while True:
+        try:
+            rows.append(next(rounds))
+        except StopIteration as end:
+            return {"t_loop": t_loop, "rounds": rows, "final": end.value}
+
+
+def bare_rounds(job: dict, comm, reverse: bool = False, layers: str = "torch"):
+    """The bare loop as a generator: the first ``next`` sets up (and yields None), each further one
+    trains a round and yields its row; the final flat model is the generator's return value.
+    ``hpcfl bench --interleave`` runs it a round at a time between the engine's rounds."""
     from .. import config, data, models
     from ..algorithms.sampling import Sampler
     from ..comm import deal
@@ -55,8 +69,7 @@ def run_bare(job: dict, comm, reverse: bool = False, layers: str = "torch") -> d
     local_flat = global_flat.clone()
     torch.nn.utils.vector_to_parameters(local_flat, params)
     acc = np.zeros(L + 1, dtype=np.float64)
-    rounds = []
-    t_loop = time.time()
+    yield None
     for rnd in range(cfg.run.rounds):
         t0 = time.perf_counter()
         cohort, _ = sampler.cohort(rnd)
@@ -96,9 +109,9 @@ def run_bare(job: dict, comm, reverse: bool = False, layers: str = "torch") -> d
         if last or (cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0):
             accuracy = _evaluate(net, local_flat, global_flat, x_test, y_test, comm)
         t3 = time.perf_counter()
-        rounds.append({"round": rnd + 1, "train": t1 - t0, "reduce": t2 - t1, "eval": t3 - t2, "round_s": t3 - t0,
-                       "steps": done, "accuracy": accuracy})
-    return {"t_loop": t_loop, "rounds": rounds, "final": global_flat.numpy().copy()}
+        yield {"round": rnd + 1, "train": t1 - t0, "reduce": t2 - t1, "eval": t3 - t2, "round_s": t3 - t0,
+               "steps": done, "accuracy": accuracy}
+    return global_flat.numpy().copy()
 
 
 def torch_layers(net: torch.nn.Module) -> torch.nn.Module:

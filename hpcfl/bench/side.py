@@ -5,7 +5,10 @@
 Runs the workload through the engine (``hpcfl``: ``simulation.prepare`` and ``run``, in
 process, no results file) or through the bare loop (:mod:`hpcfl.bench.bare`), and writes
 one JSON object on rank 0: per-round seconds by phase, local steps, start-up (process
-start to the first round), peak RSS of every rank, and the final test accuracy.
+start to the first round), peak RSS of every rank, and the final test accuracy. With
+``--side both`` the process runs the two interleaved, the bare loop's round r right after
+the engine's, and the JSON holds one such object per side (start-up and peak memory are
+then the process's).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # kB on Linux
 
 
-def run_engine(job: dict, comm, threads: int) -> dict:
+def run_engine(job: dict, comm, threads: int, after_round=None) -> dict:
     from .. import config, simulation
 
     job = dict(job, runtime=dict(job.get("runtime", {}), threads=threads))
@@ -53,7 +56,7 @@ def run_engine(job: dict, comm, threads: int) -> dict:
                        "accuracy": float(m["test_accuracy"])})
 
     t_loop = time.time()
-    simulation.run(s, on_round=on_round)
+    simulation.run(s, on_round=on_round, after_round=after_round)
     return {"t_loop": t_loop, "rounds": rounds, "vectorize": s.block is not None, "dealt": s.dealt}
 
 
@@ -62,7 +65,8 @@ def main(argv=None) -> int:
     import json
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--side", choices=("hpcfl", "bare"), required=True)
+    ap.add_argument("--side", choices=("hpcfl", "bare", "both"), required=True,
+                    help="both: the bare loop's round r right after the engine's, in this one process")
     ap.add_argument("--workload", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int)
@@ -80,23 +84,33 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     comm = world()
     job = apply_overrides(workload(a.workload, a.rounds), a.overrides)
+    bare = None
     if a.side == "hpcfl":
         out = run_engine(job, comm, a.threads)
-    else:
+    elif a.side == "bare":
         from .bare import run_bare
-        out = run_bare(job, comm, layers=a.layers)
-        out.pop("final")
+        bare = run_bare(job, comm, layers=a.layers)
+        bare.pop("final")
+    else:
+        from .bare import bare_rounds
+        rounds = bare_rounds(job, comm, layers=a.layers)
+        next(rounds)   # set up before the engine, so that both sides' rounds start warm
+        bare = {"rounds": []}
+        out = run_engine(job, comm, a.threads, after_round=lambda rnd: bare["rounds"].append(next(rounds)))
+        bare["t_loop"] = out["t_loop"]
     rss = comm.gather(peak_rss_mb(), root=0)
-    if a.side == "bare":   # each rank counted its own steps; the engine's records already hold every rank's
-        per_round = comm.gather([r["steps"] for r in out["rounds"]], root=0)
+    if bare is not None:   # each rank counted its own steps; the engine's records already hold every rank's
+        per_round = comm.gather([r["steps"] for r in bare["rounds"]], root=0)
         if comm.rank == 0:
-            for i, row in enumerate(out["rounds"]):
+            for i, row in enumerate(bare["rounds"]):
                 row["steps"] = sum(ranks[i] for ranks in per_round)
     if comm.rank == 0:
-        out.update(side=a.side, workload=a.workload, ranks=comm.size, threads=a.threads, startup_s=out["t_loop"] - T_START,
-                   peak_rss_mb=rss, total_steps=sum(r["steps"] for r in out["rounds"]))
+        figs = {"hpcfl": out} if a.side == "hpcfl" else {"bare": bare} if a.side == "bare" else {"hpcfl": out, "bare": bare}
+        for side, fig in figs.items():
+            fig.update(side=side, workload=a.workload, ranks=comm.size, threads=a.threads,
+                       startup_s=fig["t_loop"] - T_START, peak_rss_mb=rss, total_steps=sum(r["steps"] for r in fig["rounds"]))
         with open(a.json, "w") as f:
-            json.dump(out, f)
+            json.dump(figs if a.side == "both" else figs[a.side], f)
     return 0
 
 

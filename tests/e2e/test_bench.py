@@ -5,7 +5,7 @@ import json
 import pytest
 from clirun import hpcfl
 
-from hpcfl.bench import _layouts, median_run, pair_ratios, summarize
+from hpcfl.bench import _layouts, median_run, pair_ratios, round_ratios, summarize
 from hpcfl.errors import ConfigError
 
 TINY = ["--set", "data.synthetic_images.num_train=640", "--set", "data.synthetic_images.num_test=100",
@@ -83,3 +83,28 @@ def test_repeat_alternates_the_sides_and_prints_the_median_pair_ratio(tmp_path):
     assert f"ratio hpcfl / bare (s per round): {want['ratio']:.3f}x" in p.stdout
     assert "median of 2 pairs, range" in p.stdout and "(median of 2 runs each)" in p.stdout
     assert hpcfl("bench", "W", "--repeat", "0").returncode == 2
+
+
+def test_round_ratios_by_hand():
+    h = [{"rounds": [{"round_s": 9.0}, {"round_s": 1.2}, {"round_s": 1.0}]}, {"rounds": [{"round_s": 5.0}, {"round_s": 3.0}]}]
+    b = [{"rounds": [{"round_s": 1.0}, {"round_s": 1.0}, {"round_s": 0.5}]}, {"rounds": [{"round_s": 5.0}, {"round_s": 2.0}]}]
+    got = round_ratios(h, b)
+    assert got["ratios"] == [1.2, 2.0, 1.5] and got["ratio"] == 1.5    # round 1 of each run left out
+
+
+@pytest.mark.parametrize("layout", ["1x1", "2x1"])
+def test_interleave_runs_both_sides_in_one_process_round_by_round(tmp_path, layout):
+    """One process set per layout; the two sides' rounds are the same cohorts and steps, and the
+    printed ratio is the median of the per-round ratios of the JSON."""
+    p = hpcfl("bench", "W", "--rounds", "3", "--layout", layout, "--interleave", "--bare-layers", "zoo",
+              "--out", str(tmp_path), *TINY, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    order = [line.split()[1] for line in p.stdout.splitlines() if line.strip().startswith("running")]
+    assert order == ["both"]
+    fig = json.loads((tmp_path / f"W_both_{layout}.json").read_text())
+    assert [r["steps"] for r in fig["hpcfl"]["rounds"]] == [r["steps"] for r in fig["bare"]["rounds"]]
+    assert sum(r["steps"] for r in fig["bare"]["rounds"]) > 0 and len(fig["bare"]["rounds"]) == 3
+    want = round_ratios([fig["hpcfl"]], [fig["bare"]])
+    assert len(want["ratios"]) == 2
+    assert f"ratio hpcfl / bare (s per round): {want['ratio']:.3f}x" in p.stdout
+    assert "median of 2 interleaved rounds" in p.stdout and "bare model with zoo layers" in p.stdout
