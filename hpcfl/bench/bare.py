@@ -2,7 +2,8 @@
 
 It does a workload's SGD work the way one would write it without a simulator: the same
 data, clients, cohorts and local steps as the engine (taken from hpcfl's data layer and
-sampler, so the work is identical), a local ``nn.Module`` with a fresh ``torch.optim.SGD``
+sampler, so the work is identical), a local ``nn.Module`` (the zoo's architecture and initial
+weights, written with torch's own layers: :func:`torch_layers`) with a fresh ``torch.optim.SGD``
 per client, batches gathered by index from the training tensor, and, under MPI, each
 round's cohort dealt to ranks longest-first (greedy balancing) with one float64
 ``Allreduce`` of ``[sum p_i delta_i | sum p_i]`` per round. No exact reduction, no records,

@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     comm = world()
     job = apply_overrides(workload(a.workload, a.rounds), a.overrides)
-    bare = None
+    out = bare = None
     if a.side == "hpcfl":
         out = run_engine(job, comm, a.threads)
     elif a.side == "bare":
@@ -105,10 +105,11 @@ def main(argv=None) -> int:
             for i, row in enumerate(bare["rounds"]):
                 row["steps"] = sum(ranks[i] for ranks in per_round)
     if comm.rank == 0:
-        figs = {"hpcfl": out} if a.side == "hpcfl" else {"bare": bare} if a.side == "bare" else {"hpcfl": out, "bare": bare}
+        figs = {name: fig for name, fig in (("hpcfl", out), ("bare", bare)) if a.side in (name, "both")}
         for side, fig in figs.items():
             fig.update(side=side, workload=a.workload, ranks=comm.size, threads=a.threads,
-                       startup_s=fig["t_loop"] - T_START, peak_rss_mb=rss, total_steps=sum(r["steps"] for r in fig["rounds"]))
+                       startup_s=fig["t_loop"] - T_START, peak_rss_mb=rss,
+                       total_steps=sum(r["steps"] for r in fig["rounds"]))
         with open(a.json, "w") as f:
             json.dump(figs if a.side == "both" else figs[a.side], f)
     return 0

@@ -119,7 +119,6 @@ class Trainer:
         return ClientResult(delta, steps, solver.anorm() if steps else 0.0, mean_loss, samples,
                             anorm2=solver.anorm2() if steps else 0.0, alast=solver.alast() if steps else 0.0)
 
-
     def _gather(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x[batch], y[batch]) written into buffers reused across steps: on W, 62 us where indexing
         allocates and takes 140. A buffer is free again once the step's backward has run."""

@@ -13,8 +13,8 @@ The kernel runs on one thread, so it is used where torch runs on one (the R rank
 layouts, one rank per core): there a LeNet-5 step is about 6% faster (``bench/pool_bench.py``).
 With 2 threads torch's pooling runs in parallel and the whole step was 8% faster with it.
 Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``, a GPU, a half-precision or
-non-contiguous input) it is ``torch.nn.functional.max_pool2d(x, 2)``. Under ``torch.func.vmap`` the clients'
-batches are folded into one and pooled in one call.
+non-contiguous input) it is ``torch.nn.functional.max_pool2d(x, 2)``. Under ``torch.func.vmap``
+the clients' batches are folded into one and pooled in one call.
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ def test_round_ratios_by_hand():
     b = [{"rounds": [{"round_s": 1.0}, {"round_s": 1.0}, {"round_s": 0.5}]}, {"rounds": [{"round_s": 5.0}, {"round_s": 2.0}]}]
     got = round_ratios(h, b)
     assert got["ratios"] == [1.2, 2.0, 1.5] and got["ratio"] == 1.5    # round 1 of each run left out
+    assert got["total_ratio"] == pytest.approx(5.2 / 3.5)
 
 
 @pytest.mark.parametrize("layout", ["1x1", "2x1"])
@@ -108,3 +109,4 @@ def test_interleave_runs_both_sides_in_one_process_round_by_round(tmp_path, layo
     assert len(want["ratios"]) == 2
     assert f"ratio hpcfl / bare (s per round): {want['ratio']:.3f}x" in p.stdout
     assert "median of 2 interleaved rounds" in p.stdout and "bare model with zoo layers" in p.stdout
+    assert f"total time of those rounds {want['total_ratio']:.3f}x" in p.stdout
