@@ -106,10 +106,15 @@ class ServerOptimizer:
         self.buf: np.ndarray | None = None
 
     def apply(self, x: np.ndarray, agg: np.ndarray, client_lr: float = 1.0) -> np.ndarray:
-        """New model from the current one ``x`` and the aggregate update ``agg`` (float64)."""
-        x64 = x.astype(np.float64)
+        """New model from the current one ``x`` and the aggregate update ``agg`` (float64, this
+        round's own array: it is used as the work buffer and overwritten)."""
         if self.momentum == 0:  # no buffer: exactly x + lr * agg (beta = 0 is bit-exact plain FedNova)
-            return (x64 + self.lr * agg).astype(x.dtype)
+            # in place, with x widened element by element as astype would: the same sum, the same
+            # bits, without two fresh (L,) float64 arrays (VGG-11: 0.25 s a round of page faults)
+            np.multiply(agg, self.lr, out=agg)
+            np.add(agg, x, out=agg)
+            return agg.astype(x.dtype)
+        x64 = x.astype(np.float64)
         d = -agg / client_lr if self.lr_scaled else -agg
         self.buf = d if self.buf is None else self.momentum * self.buf + d
         scale = self.lr * client_lr if self.lr_scaled else self.lr

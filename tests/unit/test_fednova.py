@@ -356,8 +356,9 @@ def test_T12_zero_server_momentum_is_plain_fednova():
     opt = ServerOptimizer(1.0, 0.0, lr_scaled=True)
     for agg in gen.normal(size=(3, 1000)) * 1e-2:
         assert not np.array_equal(y - lr * (-agg / lr), y + agg)
-        new = opt.apply(y, agg, lr)
-        assert new.tobytes() == (y + agg).tobytes()
+        want = (y + agg).tobytes()
+        new = opt.apply(y, agg, lr)                    # agg is the work buffer: consumed
+        assert new.tobytes() == want
         y = new
     base = setkeys(TWO, {"algorithm.name": "fednova", "algorithm.lr": lr, "run.rounds": 3})
     plain = taped(setkeys(base, {"algorithm.server_momentum": 0.0}))[0][:, 0]
