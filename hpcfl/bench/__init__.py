@@ -169,18 +169,20 @@ def _main(a, comm) -> int:
     if comm.size > 1:
         raise ConfigError("run `hpcfl bench` without mpiexec: it starts the ranks of each layout itself")
     workload(a.workload)   # an unknown name fails here, before anything runs
+    if a.repeat < 1:
+        raise ConfigError(f"--repeat {a.repeat}: give at least 1")
+    if getattr(a, "interleave", False) and a.only:
+        raise ConfigError(f"--interleave runs both sides in one process; drop --only {a.only}, or --interleave")
     layouts = _layouts(a.layout, os.cpu_count() or 1)
     out_dir = a.out or tempfile.mkdtemp(prefix="hpcfl-bench-")
     os.makedirs(out_dir, exist_ok=True)
     sides = [a.only] if a.only else ["hpcfl", "bare"]
     print(f"hpcfl bench {a.workload}: {WORKLOADS[a.workload][0]}", flush=True)
-    if a.repeat < 1:
-        raise ConfigError(f"--repeat {a.repeat}: give at least 1")
     results = []
     try:
         for ranks, threads in layouts:
             figs = {side: [] for side in sides}
-            interleave = getattr(a, "interleave", False) and len(sides) == 2
+            interleave = getattr(a, "interleave", False)
             for rep in range(a.repeat):
                 order = ["both"] if interleave else sides if rep % 2 == 0 else sides[::-1]   # alternate who goes first
                 for side in order:

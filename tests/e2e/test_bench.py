@@ -110,3 +110,5 @@ def test_interleave_runs_both_sides_in_one_process_round_by_round(tmp_path, layo
     assert f"ratio hpcfl / bare (s per round): {want['ratio']:.3f}x" in p.stdout
     assert "median of 2 interleaved rounds" in p.stdout and "bare model with zoo layers" in p.stdout
     assert f"total time of those rounds {want['total_ratio']:.3f}x" in p.stdout
+    bad = hpcfl("bench", "W", "--interleave", "--only", "bare")
+    assert bad.returncode == 2 and "drop --only bare" in bad.stderr
