@@ -19,7 +19,8 @@ so that the ratio measures the engine alone.
 
 With ``--interleave`` both sides run in one process per layout: after each engine round the
 bare loop trains the same round, and the ratio printed is the median of the per-round ratios
-over rounds 2..R (of every repeat) with their range. Round r of the two sides is the same
+over rounds 2..R (of every repeat) with their range, then the ratio of the two sides' total time
+over those rounds. Round r of the two sides is the same
 cohort and the same steps, seconds apart, so a machine whose speed drifts by 15% over a minute
 still gives a steady ratio; start-up and peak memory are then the one process's.
 
