@@ -205,10 +205,11 @@ def _compile():
         for k in range(unit.shape[0]):
             u = unit[k]
             for j in range(starts[k], starts[k + 1]):
-                if limbs == 1:
+                t = top[j] if limbs > 2 else 0
+                if limbs == 1 or (hi[j] == 0 and t == 0):   # the low limb alone: int64 -> float64 rounds once
                     out[j] = np.float64(lo[j]) * u
                 else:
-                    out[j] = to_float(lo[j], hi[j], top[j] if limbs > 2 else 0, s_bits) * u
+                    out[j] = to_float(lo[j], hi[j], t, s_bits) * u
 
     return deposit, convert
 

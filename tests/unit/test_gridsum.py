@@ -255,10 +255,12 @@ def test_numpy_conversion_of_mixed_rows_is_pythons_exact_int():
     lo, hi, top = (rng.integers(-2**62, 2**62, n) >> rng.integers(0, 60, n) for _ in range(3))
     low_only = rng.random(n) < 0.7
     hi[low_only], top[low_only] = 0, 0
+    deposit, convert = gridsum.kernels()   # the compiled form where numba is there, else numpy again
     for limbs in (2, 3):
-        out = np.empty(n)
-        gridsum._convert_numpy(lo, hi, top, limbs, 47, starts, unit, out)
         t = top if limbs > 2 else np.zeros_like(top)
         exact = [float(int(a) + (int(b) << 47) + (int(c) << 94)) for a, b, c in zip(lo, hi, t)]
-        assert out.tolist() == exact
+        for conv in (gridsum._convert_numpy, convert):
+            out = np.empty(n)
+            conv(lo, hi, top, limbs, 47, starts, unit, out)
+            assert out.tolist() == exact
     assert (np.abs(lo[low_only]) > 2**53).any()   # the rounding of the low limb itself was exercised
