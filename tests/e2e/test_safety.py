@@ -230,6 +230,9 @@ def test_a_second_run_into_a_live_out_is_refused(tmp_path, timed_ref):
     deadline = time.time() + 60
     while not (out / "results.h5").exists() and p.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+    # Frozen, the first run stays alive and keeps its lock however fast its 400 rounds are (it
+    # once finished while the second run was starting, and the second then resumed a finished run).
+    kill_group(p, signal.SIGSTOP)
     try:
         assert p.poll() is None, "the first run ended too early"
         for extra in ([], ["--force"]):
@@ -238,6 +241,7 @@ def test_a_second_run_into_a_live_out_is_refused(tmp_path, timed_ref):
             assert not [d for d in out.iterdir() if d.name.startswith("replaced-")]
     finally:
         kill_group(p, signal.SIGTERM)     # stops at the next round end with a checkpoint, exit 75
+        kill_group(p, signal.SIGCONT)
     assert p.wait(timeout=60) == 75
     q = hpcfl("run", jobfile, "--out", str(out))   # the lock went with the process
     assert q.returncode == 0 and "resuming from" in q.stdout, q.stderr
