@@ -93,7 +93,7 @@ def _command(side: str, a, ranks: int, threads: int, path: str) -> list[str]:
     for o in a.overrides:
         args += ["--set", o]
     if side in ("bare", "both"):
-        args += ["--layers", getattr(a, "bare_layers", "torch")]
+        args += ["--layers", a.bare_layers]
     if ranks == 1:
         return [sys.executable, "-m", "hpcfl.bench.side", *args]
     mpiexec = shutil.which("mpiexec")
@@ -172,7 +172,7 @@ def _main(a, comm) -> int:
     workload(a.workload)   # an unknown name fails here, before anything runs
     if a.repeat < 1:
         raise ConfigError(f"--repeat {a.repeat}: give at least 1")
-    if getattr(a, "interleave", False) and a.only:
+    if a.interleave and a.only:
         raise ConfigError(f"--interleave runs both sides in one process; drop --only {a.only}, or --interleave")
     layouts = _layouts(a.layout, os.cpu_count() or 1)
     out_dir = a.out or tempfile.mkdtemp(prefix="hpcfl-bench-")
@@ -183,9 +183,8 @@ def _main(a, comm) -> int:
     try:
         for ranks, threads in layouts:
             figs = {side: [] for side in sides}
-            interleave = getattr(a, "interleave", False)
             for rep in range(a.repeat):
-                order = ["both"] if interleave else sides if rep % 2 == 0 else sides[::-1]   # alternate who goes first
+                order = ["both"] if a.interleave else sides if rep % 2 == 0 else sides[::-1]   # alternate who goes first
                 for side in order:
                     suffix = f"_r{rep + 1}" if a.repeat > 1 else ""
                     path = os.path.join(out_dir, f"{a.workload}_{side}_{ranks}x{threads}{suffix}.json")
@@ -206,24 +205,23 @@ def _main(a, comm) -> int:
             print(f"{ranks} rank(s) x {threads} thread(s):" + (f" (median of {a.repeat} runs each)" if a.repeat > 1 else ""))
             for side, s in summary.items():
                 print(_line(side, s))
-            if interleave:
+            if a.interleave:
                 print("  (interleaved in one process: start-up and peak memory are the process's, both sides')")
             if len(summary) == 2:
-                summary.update(round_ratios(figs["hpcfl"], figs["bare"]) if interleave
+                summary.update(round_ratios(figs["hpcfl"], figs["bare"]) if a.interleave
                                else pair_ratios(runs["hpcfl"], runs["bare"]))
                 ratio = summary["ratio"]
                 extra = ", vectorised blocks" if figs["hpcfl"][0].get("vectorize") else ""
                 dealt = "dealt by work" if figs["hpcfl"][0].get("dealt") else "home blocks"
                 spread = (f"; median of {a.repeat} pairs, range {min(summary['ratios']):.3f}-"
                           f"{max(summary['ratios']):.3f}" if a.repeat > 1 else "")
-                if interleave:
+                if a.interleave:
                     spread = (f"; median of {len(summary['ratios'])} interleaved rounds, range "
                               f"{min(summary['ratios']):.3f}-{max(summary['ratios']):.3f}; "
                               f"total time of those rounds {summary['total_ratio']:.3f}x")
-                layers = getattr(a, "bare_layers", "torch")
                 print(f"  ratio hpcfl / bare (s per round): {ratio:.3f}x  ({1 / ratio:.2f}x the bare loop's speed; "
-                      f"hpcfl clients {dealt}{extra}; bare model with {layers} layers{spread})", flush=True)
-                summary["bare_layers"] = layers
+                      f"hpcfl clients {dealt}{extra}; bare model with {a.bare_layers} layers{spread})", flush=True)
+                summary["bare_layers"] = a.bare_layers
             results.append({"ranks": ranks, "threads": threads, **summary})
         with open(os.path.join(out_dir, f"{a.workload}_summary.json"), "w") as f:
             json.dump(results, f, indent=1)
