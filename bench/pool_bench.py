@@ -2,9 +2,11 @@
 
     python bench/pool_bench.py [--threads 1] [--blocks 12] [--steps 40]
 
-Prints microseconds per call of the pooling layer alone (LeNet-5's two pooling shapes at
-batch 32, forward and backward), then milliseconds per SGD step of LeNet-5 at batch 32 on
-CIFAR-shaped inputs, with the zoo's layers (``MaxPool2x2``) and with torch's (``nn.MaxPool2d``),
+Prints microseconds per call of the pooling layers alone (LeNet-5's two pooling shapes at
+batch 32, forward and backward; ``MaxPool2x2`` against ``nn.MaxPool2d(2)``, and
+``ReLUMaxPool2x2`` against ``nn.ReLU()`` then ``nn.MaxPool2d(2)``), then milliseconds per SGD
+step of LeNet-5 at batch 32 on CIFAR-shaped inputs, with the zoo's layers (``ReLUMaxPool2x2``)
+and with torch's (:func:`hpcfl.bench.bare.torch_layers`),
 timed in alternating blocks of ``--steps`` steps so that both see the same machine drift: the
 median over ``--blocks`` blocks, and the range of the per-block ratios. The two networks start
 from the same weights and see the same batches; at the end the script checks that their
@@ -36,13 +38,15 @@ def per_call_us(fn, n: int = 300) -> float:
 
 
 def layer_figures() -> None:
+    relu_pool = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool2d(2))
     for shape in [(32, 6, 28, 28), (32, 16, 10, 10)]:
-        x = torch.relu(torch.randn(shape)).requires_grad_()
+        x = torch.randn(shape).requires_grad_()
         g = torch.randn(shape[0], shape[1], shape[2] // 2, shape[3] // 2)
-        for name, layer in (("torch", torch.nn.MaxPool2d(2)), ("compiled", pool.MaxPool2x2())):
+        for name, layer in (("torch pool", torch.nn.MaxPool2d(2)), ("compiled pool", pool.MaxPool2x2()),
+                            ("torch relu+pool", relu_pool), ("compiled relu+pool", pool.ReLUMaxPool2x2())):
             fwd = per_call_us(lambda: layer(x))
             both = per_call_us(lambda: layer(x).backward(g))
-            print(f"  pooling {str(shape):<17} {name:<9} forward {fwd:7.1f} us, forward + backward {both:7.1f} us")
+            print(f"  {str(shape):<17} {name:<19} forward {fwd:7.1f} us, forward + backward {both:7.1f} us")
 
 
 def main() -> int:
@@ -52,7 +56,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    if pool.kernel() is None:
+    if pool.kernels() is None:
         print("numba is missing or HPCFL_NO_NUMBA is set: there is no compiled pooling to measure")
         return 1
     print(f"torch {torch.__version__}, {a.threads} thread(s)")

@@ -116,15 +116,19 @@ def bare_rounds(job: dict, comm, reverse: bool = False, layers: str = "torch"):
 
 
 def torch_layers(net: torch.nn.Module) -> torch.nn.Module:
-    """``net`` with each of the zoo's faster equivalents of a torch layer replaced by torch's own,
-    in place: :class:`~hpcfl.models.pool.MaxPool2x2` -> ``nn.MaxPool2d(2)`` (no weights; the same
-    function, bitwise). The network one would write by hand, with the zoo's weights."""
-    from ..models.pool import MaxPool2x2
+    """``net`` with each of the zoo's faster equivalents of torch layers replaced by torch's own,
+    in place: :class:`~hpcfl.models.pool.MaxPool2x2` -> ``nn.MaxPool2d(2)`` and
+    :class:`~hpcfl.models.pool.ReLUMaxPool2x2` -> ``nn.ReLU()`` then ``nn.MaxPool2d(2)`` (no
+    weights; the same functions, bitwise). The network one would write by hand, with the zoo's
+    weights."""
+    from ..models.pool import MaxPool2x2, ReLUMaxPool2x2
 
     for parent in list(net.modules()):
         for name, child in parent.named_children():
             if isinstance(child, MaxPool2x2):
                 setattr(parent, name, torch.nn.MaxPool2d(2))
+            elif isinstance(child, ReLUMaxPool2x2):
+                setattr(parent, name, torch.nn.Sequential(torch.nn.ReLU(), torch.nn.MaxPool2d(2)))
     return net
 
 

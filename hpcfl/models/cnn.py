@@ -18,13 +18,14 @@ specifies one).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ._common import ZooModel, image_at_least
-from .pool import MaxPool2x2
+from .pool import ReLUMaxPool2x2
 
 #: Smallest H or W for which the second pooling still leaves a 1x1 map:
 #: ((16 - 4) // 2 - 4) // 2 = 1.
@@ -60,11 +61,14 @@ class LeNet5(ZooModel):
         super().__init__()
         channels, height, width = input_shape
         flat = 16 * _side_after_convs(height) * _side_after_convs(width)
-        self.conv = nn.Sequential(
-            nn.Conv2d(channels, 6, 5), nn.ReLU(), MaxPool2x2(),
-            nn.Conv2d(6, 16, 5), nn.ReLU(), MaxPool2x2(),
-            nn.Flatten(1),
-        )  # fmt: skip
+        # ReLU and pooling run as one layer (one compiled pass each way on CPU; see pool.py). The
+        # names are the unfused stack's positions, so the parameters keep their paths (conv.0,
+        # conv.3) and results files written before the fusion still load.
+        self.conv = nn.Sequential(OrderedDict([
+            ("0", nn.Conv2d(channels, 6, 5)), ("1", ReLUMaxPool2x2()),
+            ("3", nn.Conv2d(6, 16, 5)), ("4", ReLUMaxPool2x2()),
+            ("6", nn.Flatten(1)),
+        ]))  # fmt: skip
         self.mlp = nn.Sequential(nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
         self.feature_dim = 84
         self.fc = nn.Linear(84, num_classes)

@@ -1,4 +1,4 @@
-"""2 x 2 max pooling, bitwise torch's, with a compiled forward on CPU.
+"""2 x 2 max pooling, and ReLU then 2 x 2 max pooling, bitwise torch's, compiled on CPU.
 
 On CPU, torch's ``max_pool2d`` over NCHW float tensors was the slowest layer of LeNet-5: on
 one core of the 2-core machine, 690-830 us for a (32, 6, 28, 28) input, where the two
@@ -9,17 +9,26 @@ wins, as in torch), and gives torch's own backward kernel the indices it would h
 values, the indices, and so every gradient are bitwise torch's: the swap changes no result,
 only the time (tests/unit/test_pool.py compares all three, on ties, NaNs and whole training runs).
 
-The kernel runs on one thread, so it is used where torch runs on one (the R ranks x 1 thread
-layouts, one rank per core): there a LeNet-5 step is about 6% faster (``bench/pool_bench.py``).
-With 2 threads torch's pooling runs in parallel and the whole step was 8% faster with it.
-Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``, a GPU, a half-precision or
-non-contiguous input) it is ``torch.nn.functional.max_pool2d(x, 2)``. Under ``torch.func.vmap``
-the clients' batches are folded into one and pooled in one call.
+``ReLUMaxPool2x2`` is ``nn.ReLU()`` then ``nn.MaxPool2d(2)`` (LeNet-5's pairs) in one compiled
+pass each way: the forward applies torch's ReLU (a negative becomes +0.0; -0.0 and NaNs pass)
+and the same scan, keeping the winner's place in its window as one byte; the backward writes
+what torch's two backward kernels would (pooling adds the gradient to a zero at the winner,
+ReLU zeroes it where the output is <= 0) in one pass over the input. That removes two of
+four passes over the large tensor, the int64 indices, the zero fill and two autograd nodes:
+together a LeNet-5 step takes 0.82-0.84x the time it takes with torch's layers
+(``bench/pool_bench.py``, one thread).
+
+The kernels run on one thread, so they are used where torch runs on one (the R ranks x 1
+thread layouts, one rank per core). With 2 threads torch's pooling runs in parallel and the
+whole step was 8% faster with it. Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``,
+a GPU, a half-precision or non-contiguous input) these are torch's functions. Under
+``torch.func.vmap`` the clients' batches are folded into one and pooled in one call.
 """
 
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -27,11 +36,11 @@ from torch import nn
 
 from ..jit import numba_or_none
 
-_KERNEL: list = []   # [compiled kernel or None], once resolved
+_KERNELS: list = []   # [namespace of compiled kernels, or None], once resolved
 
 
 def _compile():
-    """The compiled forward (float32 and float64), or None where numba cannot be had."""
+    """The compiled kernels (float32 and float64), or None where numba cannot be had."""
     numba = numba_or_none()
     if numba is None:
         return None
@@ -60,32 +69,103 @@ def _compile():
                     out[p, i, j] = best
                     idx[p, i, j] = at
 
-    return pool2x2
+    @numba.njit(["void(float32[:, :, :, ::1], float32[:, :, :, ::1], int8[:, :, :, ::1])",
+                 "void(float64[:, :, :, ::1], float64[:, :, :, ::1], int8[:, :, :, ::1])"], cache=True, nogil=True)
+    def relu_pool2x2(x, out, pos):   # pragma: no cover - compiled
+        """out[b, c, i, j] = the max of relu(x[b, c, 2i:2i+2, 2j:2j+2]); pos its place in the
+        window (0 1 / 2 3). Selects, not branches."""
+        for b in range(out.shape[0]):
+            for c in range(out.shape[1]):
+                for i in range(out.shape[2]):
+                    r, s = 2 * i, 2 * i + 1
+                    for j in range(out.shape[3]):
+                        # torch's relu: a negative becomes +0.0; -0.0 and NaN (any sign) pass unchanged
+                        v0 = x[b, c, r, 2 * j]
+                        v0 = 0.0 if v0 < 0 else v0
+                        v1 = x[b, c, r, 2 * j + 1]
+                        v1 = 0.0 if v1 < 0 else v1
+                        v2 = x[b, c, s, 2 * j]
+                        v2 = 0.0 if v2 < 0 else v2
+                        v3 = x[b, c, s, 2 * j + 1]
+                        v3 = 0.0 if v3 < 0 else v3
+                        # torch's pooling scan over those, as in pool2x2
+                        t = (v1 > v0) | (v1 != v1)
+                        best, at = (v1, 1) if t else (v0, 0)
+                        t = (v2 > best) | (v2 != v2)
+                        best, at = (v2, 2) if t else (best, at)
+                        t = (v3 > best) | (v3 != v3)
+                        best, at = (v3, 3) if t else (best, at)
+                        out[b, c, i, j] = best
+                        pos[b, c, i, j] = at
+
+    @numba.njit(["void(float32[:, :, :, ::1], float32[:, :, :, ::1], int8[:, :, :, ::1], float32[:, :, :, ::1])",
+                 "void(float64[:, :, :, ::1], float64[:, :, :, ::1], int8[:, :, :, ::1], float64[:, :, :, ::1])"],
+                cache=True, nogil=True)
+    def relu_pool2x2_grad(g, out, pos, dx):   # pragma: no cover - compiled
+        """dx of relu_pool2x2 for the output gradient g, every element written: torch's pooling
+        backward adds g to a zero at the max (0.0 + g: a -0.0 becomes +0.0), then relu's backward
+        zeroes it where the output is <= 0 (not where it is NaN); the rest is +0.0."""
+        H, W = dx.shape[2], dx.shape[3]
+        Ho, Wo = g.shape[2], g.shape[3]
+        for b in range(g.shape[0]):
+            for c in range(g.shape[1]):
+                for i in range(Ho):
+                    r, s = 2 * i, 2 * i + 1
+                    for j in range(Wo):
+                        v = 0.0 + g[b, c, i, j]
+                        v = 0.0 if out[b, c, i, j] <= 0 else v
+                        k = pos[b, c, i, j]
+                        dx[b, c, r, 2 * j] = v if k == 0 else 0.0
+                        dx[b, c, r, 2 * j + 1] = v if k == 1 else 0.0
+                        dx[b, c, s, 2 * j] = v if k == 2 else 0.0
+                        dx[b, c, s, 2 * j + 1] = v if k == 3 else 0.0
+                    for j in range(2 * Wo, W):   # an odd width's last column is in no window
+                        dx[b, c, r, j] = 0.0
+                        dx[b, c, s, j] = 0.0
+                for i in range(2 * Ho, H):       # an odd height's last row
+                    for j in range(W):
+                        dx[b, c, i, j] = 0.0
+
+    return SimpleNamespace(pool2x2=pool2x2, relu_pool2x2=relu_pool2x2, relu_pool2x2_grad=relu_pool2x2_grad)
 
 
-def kernel():
-    """The compiled pooling forward, or None (numba missing or disabled); compiled or loaded once.
+def kernels():
+    """The compiled kernels (``pool2x2``, ``relu_pool2x2``, ``relu_pool2x2_grad``), or None (numba
+    missing or disabled); compiled or loaded once.
 
-    Loading imports numba and its compiler context: 0.5-0.6 s here (2-3 s for a first compile).
-    The engine does it before round 1 when the model trains on CPU (:func:`load_for`); elsewhere
-    the first CPU forward does it.
+    Loading imports numba and its compiler context: 0.5-0.6 s here (a few seconds for a first
+    compile). The engine does it before round 1 when the model trains on CPU (:func:`load_for`);
+    elsewhere the first CPU forward does it.
     """
-    if not _KERNEL:
+    if not _KERNELS:
         try:
-            _KERNEL.append(_compile())
-        except Exception as err:   # a broken numba install or cache: torch's pooling, the same bits
+            _KERNELS.append(_compile())
+        except Exception as err:   # a broken numba install or cache: torch's layers, the same bits
             warnings.warn(f"hpcfl: the compiled max pooling is off ({err}); torch's is used", stacklevel=2)
-            _KERNEL.append(None)
-    return _KERNEL[0]
+            _KERNELS.append(None)
+    return _KERNELS[0]
 
 
 def load_for(module: nn.Module, device: torch.device) -> bool:
-    """Load the kernel now if ``module`` has a :class:`MaxPool2x2` and runs on CPU with one torch
-    thread; True if it will be used."""
+    """Load the kernels now if ``module`` has a :class:`MaxPool2x2` or :class:`ReLUMaxPool2x2` and
+    runs on CPU with one torch thread; True if they will be used."""
     if (device.type != "cpu" or torch.get_num_threads() != 1
-            or not any(isinstance(m, MaxPool2x2) for m in module.modules())):
+            or not any(isinstance(m, (MaxPool2x2, ReLUMaxPool2x2)) for m in module.modules())):
         return False
-    return kernel() is not None
+    return kernels() is not None
+
+
+def _takes_kernel(x: torch.Tensor) -> bool:
+    """Whether the compiled kernels apply to the input ``x``: one torch thread, on CPU, float32
+    or float64, contiguous NCHW with at least one 2 x 2 window."""
+    return (x.dim() == 4 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+            and x.shape[2] >= 2 and x.shape[3] >= 2 and x.is_contiguous() and torch.get_num_threads() == 1
+            and kernels() is not None)
+
+
+def _planes(t: torch.Tensor, B: int, C: int, H: int, W: int):
+    """The (B * C, H, W) numpy view of a contiguous (B, C, H, W) tensor."""
+    return t.detach().view(B * C, H, W).numpy()
 
 
 class _MaxPool2x2(torch.autograd.Function):
@@ -96,8 +176,8 @@ class _MaxPool2x2(torch.autograd.Function):
         B, C, H, W = x.shape
         out = x.new_empty((B, C, H // 2, W // 2))
         idx = torch.empty((B, C, H // 2, W // 2), dtype=torch.int64)
-        kernel()(x.detach().view(B * C, H, W).numpy(), out.view(B * C, H // 2, W // 2).numpy(),
-                 idx.view(B * C, H // 2, W // 2).numpy())
+        kernels().pool2x2(_planes(x, B, C, H, W), _planes(out, B, C, H // 2, W // 2),
+                          _planes(idx, B, C, H // 2, W // 2))
         return out, idx
 
     @staticmethod
@@ -121,16 +201,107 @@ class _MaxPool2x2(torch.autograd.Function):
         return (out.view(n, B, C, H // 2, W // 2), idx.view(n, B, C, H // 2, W // 2)), (0, 0)
 
 
+def _relu_pool(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compiled max_pool2d(relu(x), 2) of a plain contiguous (B, C, H, W) tensor: the values and
+    int8 window places (B, C, H // 2, W // 2)."""
+    B, C, H, W = x.shape
+    out = x.new_empty((B, C, H // 2, W // 2))
+    pos = torch.empty((B, C, H // 2, W // 2), dtype=torch.int8)
+    kernels().relu_pool2x2(x.detach().numpy(), out.numpy(), pos.numpy())
+    return out, pos
+
+
+def _relu_pool_grad(grad: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The input gradient (B, C, H, W) of :func:`_relu_pool` for ``grad`` (B, C, H // 2, W // 2)."""
+    if torch.is_grad_enabled() or not _plain(grad):
+        # a double backward, or a torch.func transform: torch's layers, the same first derivative
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_()
+            y = F.max_pool2d(F.relu(xd), 2)
+        return torch.autograd.grad(y, xd, grad, create_graph=torch.is_grad_enabled())[0]
+    dx = torch.empty_like(x)
+    kernels().relu_pool2x2_grad(grad.contiguous().numpy(), out.numpy(), pos.numpy(), dx.numpy())
+    return dx
+
+
+class _ReLUMaxPool2x2(torch.autograd.Function):
+    """(B, C, H, W) -> max_pool2d(relu(x), 2) (B, C, H // 2, W // 2), both passes compiled.
+
+    The old-style Function (``forward(ctx, x)``, one output): it has a third of the call
+    overhead of the form with ``setup_context`` and a vmap rule (10 against 33 us forward, 56
+    against 106 us with backward), which on LeNet-5's second layer is as much as the kernel.
+    Under vmap the layer goes through :class:`_ReLUMaxPool2x2Batched` instead.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        out, pos = _relu_pool(x)
+        ctx.save_for_backward(x, out)
+        ctx.pos = pos   # int8, never differentiated: kept off the saved-tensor checks
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        return _relu_pool_grad(grad, x, out, ctx.pos)
+
+
+class _ReLUMaxPool2x2Batched(torch.autograd.Function):
+    """:class:`_ReLUMaxPool2x2` for ``torch.func.vmap``: the clients' batches folded into one call."""
+
+    @staticmethod
+    def forward(x):
+        return _ReLUMaxPool2x2.apply(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):   # pragma: no cover - vmap only calls the rule below
+        raise RuntimeError("_ReLUMaxPool2x2Batched is differentiated through _ReLUMaxPool2x2")
+
+    @staticmethod
+    def vmap(info, in_dims, x):
+        if in_dims[0] is None:
+            return _ReLUMaxPool2x2.apply(x), None
+        x = x.movedim(in_dims[0], 0)
+        n, B, C, H, W = x.shape
+        out = _ReLUMaxPool2x2.apply(x.reshape(n * B, C, H, W).contiguous())
+        return out.view(n, B, C, H // 2, W // 2), 0
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A plain CPU tensor in the kernels' dtypes, not one wrapped by a torch.func transform."""
+    return (not torch._C._functorch.is_functorch_wrapped_tensor(t) and t.device.type == "cpu"
+            and t.dtype in (torch.float32, torch.float64))
+
+
 class MaxPool2x2(nn.Module):
     """``nn.MaxPool2d(2)`` with a compiled CPU forward; same values, indices and gradients."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
-        if (x.dim() == 4 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-                and x.shape[2] >= 2 and x.shape[3] >= 2 and x.is_contiguous() and torch.get_num_threads() == 1
-                and kernel() is not None):
+        if _takes_kernel(x):
             return _MaxPool2x2.apply(x)[0]
         return F.max_pool2d(x, 2)
 
     def extra_repr(self) -> str:
         return "kernel_size=2, stride=2"
+
+
+class ReLUMaxPool2x2(nn.Module):
+    """``nn.ReLU()`` then ``nn.MaxPool2d(2)`` in one compiled pass each way on CPU; same values and
+    gradients, bit for bit."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
+        if _takes_kernel(x):
+            if torch._C._functorch.is_batchedtensor(x):
+                return _ReLUMaxPool2x2Batched.apply(x)
+            if not torch._C._functorch.is_functorch_wrapped_tensor(x):
+                return _ReLUMaxPool2x2.apply(x)
+        return F.max_pool2d(F.relu(x), 2)
+
+    def extra_repr(self) -> str:
+        return "relu, then kernel_size=2, stride=2"

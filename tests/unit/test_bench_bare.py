@@ -30,17 +30,18 @@ def test_client_order_does_not_matter_and_the_model_moves():
 
 
 def test_torch_layers_change_no_bit():
-    """The bare loop with torch's own pooling (its default) and with the zoo's compiled pooling
-    trains bitwise the same model: the two layers are one function."""
+    """The bare loop with torch's own ReLU and pooling (its default) and with the zoo's compiled
+    layer trains bitwise the same model: the layers compute one function."""
     import torch
 
     from hpcfl import models
     from hpcfl.bench.bare import torch_layers
-    from hpcfl.models.pool import MaxPool2x2
+    from hpcfl.models.pool import MaxPool2x2, ReLUMaxPool2x2
 
     net = torch_layers(models.build_model("lenet5", models.model_options("lenet5")(), (3, 32, 32), 10))
-    assert [type(m) for m in net.conv if "Pool" in type(m).__name__] == [torch.nn.MaxPool2d] * 2
-    assert not any(isinstance(m, MaxPool2x2) for m in net.modules())
+    assert [[type(m) for m in seq] for seq in net.conv if isinstance(seq, torch.nn.Sequential)] == [
+        [torch.nn.ReLU, torch.nn.MaxPool2d]] * 2
+    assert not any(isinstance(m, (MaxPool2x2, ReLUMaxPool2x2)) for m in net.modules())
     a = run_bare(tiny(), MPI.COMM_SELF, layers="torch")
     b = run_bare(tiny(), MPI.COMM_SELF, layers="zoo")
     assert np.array_equal(a["final"].view(np.int32), b["final"].view(np.int32))

@@ -174,6 +174,15 @@ def test_lenet5_on_digits_names_the_models_that_fit():
     assert "mlp" in msg and "resnet18" in msg and "vgg11" not in msg
 
 
+def test_lenet5_keeps_the_parameter_paths_of_the_unfused_stack():
+    """ReLU and pooling are one layer now; the parameters keep the paths they had as positions 0
+    and 3 of Conv, ReLU, MaxPool, Conv, ... so results files written before still load."""
+    model = make("lenet5", CIFAR)
+    assert [n for n, _ in model.named_parameters()] == [
+        "conv.0.weight", "conv.0.bias", "conv.3.weight", "conv.3.bias", "mlp.0.weight", "mlp.0.bias",
+        "mlp.2.weight", "mlp.2.bias", "fc.weight", "fc.bias"]
+
+
 def test_resnet_imagenet_stem_needs_32_pixels():
     shared("resnet18", CIFAR, stem="imagenet")
     with pytest.raises(ConfigError, match=r"model\.resnet18\.stem = 'imagenet'"):

@@ -1,6 +1,8 @@
-"""MaxPool2x2 is bitwise nn.MaxPool2d(2): values, indices, gradients, whole training runs."""
+"""MaxPool2x2 is bitwise nn.MaxPool2d(2), and ReLUMaxPool2x2 bitwise nn.ReLU() then nn.MaxPool2d(2):
+values, indices, gradients, whole training runs."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,9 +11,10 @@ from torch import nn
 
 from hpcfl.models import pool
 from hpcfl.models.cnn import LeNet5
-from hpcfl.models.pool import MaxPool2x2
+from hpcfl.bench.bare import torch_layers
+from hpcfl.models.pool import MaxPool2x2, ReLUMaxPool2x2
 
-needs_kernel = pytest.mark.skipif(pool.kernel() is None, reason="numba missing or HPCFL_NO_NUMBA: the torch path only")
+needs_kernel = pytest.mark.skipif(pool.kernels() is None, reason="numba missing or HPCFL_NO_NUMBA: the torch path only")
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +102,7 @@ def test_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypatch):
     torch.set_num_threads(2)                                                             # torch's, in parallel
     assert same_bits(layer(x), ref)
     torch.set_num_threads(1)
-    monkeypatch.setattr(pool, "_KERNEL", [None])                                        # numba missing
+    monkeypatch.setattr(pool, "_KERNELS", [None])                                        # numba missing
     assert same_bits(layer(x), ref)
     with pytest.raises(RuntimeError):                                                    # torch's own error
         layer(torch.zeros(1, 1, 1, 1))
@@ -119,17 +122,16 @@ def test_vmap_pools_every_client_as_torch_does():
 
 
 @needs_kernel
-def test_lenet_trains_bitwise_as_with_torchs_pooling():
-    """Twenty momentum-SGD steps of the zoo's LeNet-5 and of a copy with nn.MaxPool2d: identical
+def test_lenet_trains_bitwise_as_with_torchs_relu_and_pooling():
+    """Twenty momentum-SGD steps of the zoo's LeNet-5 and of a copy with nn.ReLU and nn.MaxPool2d: identical
     weights. The tie rule itself is checked above: here ties (ReLU zeros, and the constant
     band's equal activations) meet the conv stack's backward, where equal activations with
     equal receptive fields give the same gradient whichever of them is picked.
     """
     torch.manual_seed(0)
     net = LeNet5((3, 32, 32), 10)
-    assert sum(isinstance(m, MaxPool2x2) for m in net.modules()) == 2
-    ref, start = copy.deepcopy(net), copy.deepcopy(net)
-    ref.conv[2], ref.conv[5] = nn.MaxPool2d(2), nn.MaxPool2d(2)
+    assert sum(isinstance(m, ReLUMaxPool2x2) for m in net.modules()) == 2
+    ref, start = torch_layers(copy.deepcopy(net)), copy.deepcopy(net)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(256, 3, 32, 32, generator=g)
     x[:, :, :6, :] = 1.0
@@ -149,8 +151,9 @@ def test_lenet_trains_bitwise_as_with_torchs_pooling():
 @needs_kernel
 def test_the_kernel_runs_with_one_thread_only_and_folds_a_vmapped_group(monkeypatch):
     calls = []
-    compiled = pool.kernel()
-    monkeypatch.setattr(pool, "_KERNEL", [lambda x, out, idx: (calls.append(x.shape), compiled(x, out, idx))])
+    compiled = pool.kernels()
+    spy = SimpleNamespace(pool2x2=lambda x, out, idx: (calls.append(x.shape), compiled.pool2x2(x, out, idx)))
+    monkeypatch.setattr(pool, "_KERNELS", [spy])
     layer = MaxPool2x2()
     layer(torch.randn(2, 3, 8, 8))
     torch.func.vmap(layer)(torch.randn(4, 2, 3, 8, 8))   # 4 clients x batch 2 x 3 channels: one call
@@ -162,3 +165,104 @@ def test_the_kernel_runs_with_one_thread_only_and_folds_a_vmapped_group(monkeypa
     torch.set_num_threads(1)
     assert pool.load_for(LeNet5((3, 32, 32), 10), torch.device("cpu")) is True
     assert pool.load_for(nn.Linear(2, 2), torch.device("cpu")) is False
+
+
+# ---- ReLUMaxPool2x2: nn.ReLU() then nn.MaxPool2d(2), one compiled pass each way ----
+
+def raw(shape, dtype=torch.float32, seed=0):
+    """Pre-activations with every case the fused layer must get right: negatives (ReLU's +0.0),
+    windows of all negatives, -0.0 beside 0.0, equal positives, NaNs of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=dtype)
+    x[..., :2, :] = 0.5                                   # whole windows of equal positives
+    x[..., 2:4, :4] = -1.0                                # windows of negatives only: out 0, no gradient
+    x[..., 3, 4::3] = -0.0                                # signed zeros among zeros and negatives
+    x[..., 2, 5::4] = 0.0
+    x = torch.where(torch.rand(shape, generator=g, dtype=dtype) < 0.01, float("nan"), x)
+    x[..., 4, 1] = float("nan")
+    x[..., 5, 2] = -float("nan")                           # a NaN with its sign bit set
+    return x
+
+
+def relu_pool_ref(x: torch.Tensor) -> torch.Tensor:
+    return nn.MaxPool2d(2)(nn.ReLU()(x))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(4, 6, 28, 28), (3, 16, 10, 10), (2, 3, 7, 9)])
+def test_relu_pool_values_and_gradients_are_torchs(shape, dtype):
+    x = raw(shape, dtype)
+    g = torch.randn(shape[0], shape[1], shape[2] // 2, shape[3] // 2, dtype=dtype)
+    g[..., -1, :] = -0.0                                    # torch's scatter makes these +0.0
+    g[..., 1, 1] = float("nan")
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, ref = ReLUMaxPool2x2()(a), relu_pool_ref(b)
+    assert same_bits(out.detach(), ref.detach())
+    out.backward(g)
+    ref.backward(g)
+    assert same_bits(a.grad, b.grad)
+    assert torch.isnan(out).any() and (out == 0).any() and (a.grad != 0).any()   # the cases were there
+
+
+@needs_kernel
+def test_relu_pool_hand_case():
+    # windows: [-1 -2; -3 -4] -> +0.0 with no gradient; [-0.0 0; 2 2] -> 2, the first 2 (row 1,
+    # col 2) takes the gradient; a NaN wins its window and passes the gradient, as relu's does;
+    # [3 3; 1 0] -> 3, the first 3 takes it; [-0.0 -1; -2 -3] -> -0.0 (relu keeps -0.0), no gradient
+    x = torch.tensor([[[[-1.0, -2.0, -0.0, 0.0, 1.0, float("nan"), 3.0, 3.0, -0.0, -1.0],
+                        [-3.0, -4.0, 2.0, 2.0, 5.0, 0.0, 1.0, 0.0, -2.0, -3.0]]]], requires_grad=True)
+    out = ReLUMaxPool2x2()(x)
+    assert out[0, 0, 0, [0, 1, 3, 4]].tolist() == [0.0, 2.0, 3.0, 0.0] and torch.isnan(out[0, 0, 0, 2])
+    assert torch.signbit(out[0, 0, 0]).tolist() == [False, False, False, False, True]
+    out.backward(torch.tensor([[[[7.0, 8.0, 9.0, 6.0, 5.0]]]]))
+    assert x.grad.tolist() == [[[[0.0, 0.0, 0.0, 0.0, 0.0, 9.0, 6.0, 0.0, 0.0, 0.0],
+                                 [0.0, 0.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]]]
+
+
+@needs_kernel
+def test_relu_pool_double_backward_is_torchs():
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    w = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    grads = []
+    for layer in (ReLUMaxPool2x2(), torch_layers(nn.Sequential(ReLUMaxPool2x2()))):
+        xr = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad((layer(xr) ** 2 * w).sum(), xr, create_graph=True)
+        (ggx,) = torch.autograd.grad((gx ** 2).sum(), xr)
+        grads.append((gx.detach(), ggx))
+    assert same_bits(grads[0][0], grads[1][0]) and same_bits(grads[0][1], grads[1][1])
+    assert grads[0][1].abs().sum() > 0
+
+
+@needs_kernel
+def test_relu_pool_vmap_is_one_call_and_torchs(monkeypatch):
+    calls = []
+    compiled = pool.kernels()
+    spy = SimpleNamespace(relu_pool2x2=lambda x, out, pos: (calls.append(x.shape), compiled.relu_pool2x2(x, out, pos)),
+                          relu_pool2x2_grad=compiled.relu_pool2x2_grad)
+    monkeypatch.setattr(pool, "_KERNELS", [spy])
+    xs = raw((3, 5, 4, 8, 8), seed=2).requires_grad_()
+    out = torch.func.vmap(ReLUMaxPool2x2())(xs)
+    assert calls == [(15, 4, 8, 8)]                         # 3 clients x 5 samples, 4 channels
+    xr = xs.detach().clone().requires_grad_()
+    ref = torch.stack([relu_pool_ref(x) for x in xr])
+    assert same_bits(out.detach(), ref.detach())
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    assert same_bits(xs.grad, xr.grad)
+
+
+def test_relu_pool_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypatch):
+    x = raw((2, 4, 10, 10))
+    ref = relu_pool_ref(x)
+    layer = ReLUMaxPool2x2()
+    assert same_bits(layer(x.to(memory_format=torch.channels_last)).contiguous(), ref)
+    assert same_bits(layer(x.half()).float(), relu_pool_ref(x.half()).float())
+    torch.set_num_threads(2)
+    assert same_bits(layer(x), ref)
+    torch.set_num_threads(1)
+    monkeypatch.setattr(pool, "_KERNELS", [None])
+    assert same_bits(layer(x), ref)
+    with pytest.raises(RuntimeError):
+        layer(torch.zeros(1, 1, 1, 1))
