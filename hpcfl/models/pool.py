@@ -18,9 +18,10 @@ four passes over the large tensor, the int64 indices, the zero fill and two auto
 together a LeNet-5 step takes 0.82-0.84x the time it takes with torch's layers
 (``bench/pool_bench.py``, one thread).
 
-The kernels run on one thread, so they are used where torch runs on one (the R ranks x 1
-thread layouts, one rank per core). With 2 threads torch's pooling runs in parallel and the
-whole step was 8% faster with it. Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``,
+The kernels run on one thread. ``MaxPool2x2`` takes its kernel where torch runs on one (the
+R ranks x 1 thread layouts, one rank per core): with 2 threads torch's pooling runs in
+parallel and the whole step was 8% faster with it. ``ReLUMaxPool2x2`` takes its kernel up to 2
+threads (:data:`MAX_THREADS`). Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``,
 a GPU, a half-precision or non-contiguous input) these are torch's functions. Under
 ``torch.func.vmap`` the clients' batches are folded into one and pooled in one call.
 """
@@ -146,21 +147,28 @@ def kernels():
     return _KERNELS[0]
 
 
+#: The most torch threads at which each layer takes its (one-thread) kernel: measured on the
+#: 2-core machine, a LeNet-5 step with the pooling kernel was 8% slower than torch's parallel
+#: pooling at 2 threads, and with the fused kernel 9% faster (0.91x, bench/pool_bench.py
+#: --threads 2). Above these, torch's layers run (more threads were not measured).
+MAX_THREADS = {"MaxPool2x2": 1, "ReLUMaxPool2x2": 2}
+
+
 def load_for(module: nn.Module, device: torch.device) -> bool:
-    """Load the kernels now if ``module`` has a :class:`MaxPool2x2` or :class:`ReLUMaxPool2x2` and
-    runs on CPU with one torch thread; True if they will be used."""
-    if (device.type != "cpu" or torch.get_num_threads() != 1
-            or not any(isinstance(m, (MaxPool2x2, ReLUMaxPool2x2)) for m in module.modules())):
+    """Load the kernels now if ``module`` has a :class:`MaxPool2x2` or :class:`ReLUMaxPool2x2`
+    that runs on CPU at a thread count where it takes its kernel; True if they will be used."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or not any(threads <= MAX_THREADS.get(type(m).__name__, 0) for m in module.modules()):
         return False
     return kernels() is not None
 
 
-def _takes_kernel(x: torch.Tensor) -> bool:
-    """Whether the compiled kernels apply to the input ``x``: one torch thread, on CPU, float32
-    or float64, contiguous NCHW with at least one 2 x 2 window."""
+def _takes_kernel(x: torch.Tensor, max_threads: int) -> bool:
+    """Whether the compiled kernels apply to the input ``x``: at most ``max_threads`` torch
+    threads, on CPU, float32 or float64, contiguous NCHW with at least one 2 x 2 window."""
     return (x.dim() == 4 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            and x.shape[2] >= 2 and x.shape[3] >= 2 and x.is_contiguous() and torch.get_num_threads() == 1
-            and kernels() is not None)
+            and x.shape[2] >= 2 and x.shape[3] >= 2 and x.is_contiguous()
+            and torch.get_num_threads() <= max_threads and kernels() is not None)
 
 
 def _planes(t: torch.Tensor, B: int, C: int, H: int, W: int):
@@ -282,7 +290,7 @@ class MaxPool2x2(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
-        if _takes_kernel(x):
+        if _takes_kernel(x, MAX_THREADS["MaxPool2x2"]):
             return _MaxPool2x2.apply(x)[0]
         return F.max_pool2d(x, 2)
 
@@ -296,7 +304,7 @@ class ReLUMaxPool2x2(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
-        if _takes_kernel(x):
+        if _takes_kernel(x, MAX_THREADS["ReLUMaxPool2x2"]):
             if torch._C._functorch.is_batchedtensor(x):
                 return _ReLUMaxPool2x2Batched.apply(x)
             if not torch._C._functorch.is_functorch_wrapped_tensor(x):

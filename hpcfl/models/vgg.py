@@ -14,13 +14,14 @@ weights ~ N(0, 2 / (9 * out_channels)), conv biases 0, linear layers torch-defau
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ._common import NORMS, ZooModel, groups_problem, he_conv2d, image_at_least, norm2d
-from .pool import MaxPool2x2
+from .pool import MaxPool2x2, ReLUMaxPool2x2
 
 CFG_A = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 CFG_D = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
@@ -105,18 +106,29 @@ class Vgg(ZooModel):
 
 
 def _conv_stack(cfg: tuple, channels: int, norm: str, groups: int) -> nn.Sequential:
-    """Conv3x3(pad 1) [-> norm] -> ReLU per width, MaxPool(2) per "M"."""
-    layers: list[nn.Module] = []
+    """Conv3x3(pad 1) [-> norm] -> ReLU per width, MaxPool(2) per "M"; a ReLU followed by "M" is
+    one fused layer (see pool.py). Each layer is named by its position in the unfused stack (a
+    fused pair by the ReLU's), so the parameters keep their paths and older results files load."""
+    layers: list[tuple[str, nn.Module]] = []
+
+    def add(module: nn.Module) -> None:
+        layers.append((str(len(layers) + skipped[0]), module))
+
+    skipped = [0]   # pooling positions taken by a fused pair
     for item in cfg:
         if item == "M":
-            layers.append(MaxPool2x2())
+            if layers and isinstance(layers[-1][1], nn.ReLU):
+                layers[-1] = (layers[-1][0], ReLUMaxPool2x2())
+                skipped[0] += 1
+            else:
+                add(MaxPool2x2())
             continue
-        layers.append(he_conv2d(channels, item, 3, padding=1))
+        add(he_conv2d(channels, item, 3, padding=1))
         if norm != "none":
-            layers.append(norm2d(norm, item, groups))
-        layers.append(nn.ReLU())
+            add(norm2d(norm, item, groups))
+        add(nn.ReLU())
         channels = item
-    return nn.Sequential(*layers)
+    return nn.Sequential(OrderedDict(layers))
 
 
 def build_vgg11(opts, input_shape: tuple[int, ...], num_classes: int) -> Vgg:

@@ -183,6 +183,18 @@ def test_lenet5_keeps_the_parameter_paths_of_the_unfused_stack():
         "mlp.2.weight", "mlp.2.bias", "fc.weight", "fc.bias"]
 
 
+def test_vgg_keeps_the_parameter_paths_of_the_unfused_stack():
+    """VGG's ReLU + "M" pairs are fused too; the names stay those of Conv, [norm,] ReLU, MaxPool."""
+    plain = make("vgg11", CIFAR)
+    convs = [0, 3, 6, 8, 11, 13, 16, 18]
+    assert [n for n, _ in plain.named_parameters()][: 2 * len(convs)] == [
+        f"conv.{i}.{w}" for i in convs for w in ("weight", "bias")]
+    normed = make("vgg11", CIFAR, norm="batch")   # Conv, BN, ReLU per width: 3 positions, +1 per "M"
+    assert [n for n, _ in normed.named_parameters()][:6] == [
+        "conv.0.weight", "conv.0.bias", "conv.1.weight", "conv.1.bias", "conv.4.weight", "conv.4.bias"]
+    assert "conv.5.running_mean" in normed.state_dict()
+
+
 def test_resnet_imagenet_stem_needs_32_pixels():
     shared("resnet18", CIFAR, stem="imagenet")
     with pytest.raises(ConfigError, match=r"model\.resnet18\.stem = 'imagenet'"):

@@ -161,9 +161,13 @@ def test_the_kernel_runs_with_one_thread_only_and_folds_a_vmapped_group(monkeypa
     torch.set_num_threads(2)
     layer(torch.randn(2, 3, 8, 8))
     assert len(calls) == 2
-    assert pool.load_for(LeNet5((3, 32, 32), 10), torch.device("cpu")) is False   # 2 threads: not loaded for
+    assert pool.load_for(nn.Sequential(MaxPool2x2()), torch.device("cpu")) is False   # 2 threads: not for it
+    assert pool.load_for(LeNet5((3, 32, 32), 10), torch.device("cpu")) is True        # the fused layer's are
+    torch.set_num_threads(3)
+    assert pool.load_for(LeNet5((3, 32, 32), 10), torch.device("cpu")) is False
     torch.set_num_threads(1)
     assert pool.load_for(LeNet5((3, 32, 32), 10), torch.device("cpu")) is True
+    assert pool.load_for(nn.Sequential(MaxPool2x2()), torch.device("cpu")) is True
     assert pool.load_for(nn.Linear(2, 2), torch.device("cpu")) is False
 
 
@@ -244,6 +248,12 @@ def test_relu_pool_vmap_is_one_call_and_torchs(monkeypatch):
     xs = raw((3, 5, 4, 8, 8), seed=2).requires_grad_()
     out = torch.func.vmap(ReLUMaxPool2x2())(xs)
     assert calls == [(15, 4, 8, 8)]                         # 3 clients x 5 samples, 4 channels
+    for threads, used in ((2, True), (3, False)):             # the kernel up to 2 threads (MAX_THREADS)
+        torch.set_num_threads(threads)
+        ReLUMaxPool2x2()(xs[0].detach())
+        assert (len(calls) == 2) is used
+        calls[1:] = []
+    torch.set_num_threads(1)
     xr = xs.detach().clone().requires_grad_()
     ref = torch.stack([relu_pool_ref(x) for x in xr])
     assert same_bits(out.detach(), ref.detach())
@@ -259,7 +269,7 @@ def test_relu_pool_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypat
     layer = ReLUMaxPool2x2()
     assert same_bits(layer(x.to(memory_format=torch.channels_last)).contiguous(), ref)
     assert same_bits(layer(x.half()).float(), relu_pool_ref(x.half()).float())
-    torch.set_num_threads(2)
+    torch.set_num_threads(3)                                  # above MAX_THREADS: torch's, in parallel
     assert same_bits(layer(x), ref)
     torch.set_num_threads(1)
     monkeypatch.setattr(pool, "_KERNELS", [None])
