@@ -1,4 +1,4 @@
-"""The compiled 2 x 2 max pooling against torch's, in one process, interleaved.
+"""The compiled ReLU + 2 x 2 max pooling layers against torch's, in one process, interleaved.
 
     python bench/pool_bench.py [--threads 1] [--blocks 12] [--steps 40]
 
@@ -92,7 +92,7 @@ def main() -> int:
             times[name].append((time.perf_counter() - t) / a.steps * 1e3)
     ratios = sorted(c / t for c, t in zip(times["compiled"], times["torch"]))
     for name, ts in times.items():
-        print(f"  LeNet-5 step, {name:<8} pooling: {statistics.median(ts):6.2f} ms (median of {a.blocks} blocks)")
+        print(f"  LeNet-5 step, {name:<8} layers: {statistics.median(ts):6.2f} ms (median of {a.blocks} blocks)")
     print(f"  ratio compiled / torch: {statistics.median(ratios):.3f} (blocks {ratios[0]:.3f}-{ratios[-1]:.3f})")
     same = all(torch.equal(p, q) for p, q in zip(zoo.parameters(), ref.parameters()))
     print(f"  weights bitwise equal after {a.blocks * a.steps + 3} steps each: {same}")
