@@ -39,6 +39,16 @@ from ..jit import numba_or_none
 
 _KERNELS: list = []   # [namespace of compiled kernels, or None], once resolved
 
+try:   # torch.func's wrappers: a vmapped input goes to the vmap rule, other transforms to torch
+    from torch._C._functorch import is_batchedtensor as _batched
+    from torch._C._functorch import is_functorch_wrapped_tensor as _wrapped
+except ImportError:   # a torch without these: every input counts as wrapped, torch's layers run
+    def _batched(t: torch.Tensor) -> bool:
+        return False
+
+    def _wrapped(t: torch.Tensor) -> bool:
+        return True
+
 
 def _compile():
     """The compiled kernels (float32 and float64), or None where numba cannot be had."""
@@ -219,14 +229,20 @@ def _relu_pool(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, pos
 
 
+def _torch_relu_pool_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The input gradient of max_pool2d(relu(x), 2) through torch's own layers (differentiable
+    again when grad mode is on, as in a double backward)."""
+    with torch.enable_grad():
+        xd = x.detach().requires_grad_()
+        y = F.max_pool2d(F.relu(xd), 2)
+    return torch.autograd.grad(y, xd, grad, create_graph=torch.is_grad_enabled())[0]
+
+
 def _relu_pool_grad(grad: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """The input gradient (B, C, H, W) of :func:`_relu_pool` for ``grad`` (B, C, H // 2, W // 2)."""
-    if torch.is_grad_enabled() or not _plain(grad):
+    if torch.is_grad_enabled() or _wrapped(grad) or grad.device.type != "cpu" or grad.dtype != x.dtype:
         # a double backward, or a torch.func transform: torch's layers, the same first derivative
-        with torch.enable_grad():
-            xd = x.detach().requires_grad_()
-            y = F.max_pool2d(F.relu(xd), 2)
-        return torch.autograd.grad(y, xd, grad, create_graph=torch.is_grad_enabled())[0]
+        return _torch_relu_pool_grad(grad, x)
     dx = torch.empty_like(x)
     kernels().relu_pool2x2_grad(grad.contiguous().numpy(), out.numpy(), pos.numpy(), dx.numpy())
     return dx
@@ -258,16 +274,17 @@ class _ReLUMaxPool2x2Batched(torch.autograd.Function):
     """:class:`_ReLUMaxPool2x2` for ``torch.func.vmap``: the clients' batches folded into one call."""
 
     @staticmethod
-    def forward(x):
-        return _ReLUMaxPool2x2.apply(x)
+    def forward(x):   # used only outside vmap, where the layer takes _ReLUMaxPool2x2 itself
+        return _relu_pool(x)[0]
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        pass
+        ctx.save_for_backward(inputs[0])
 
     @staticmethod
-    def backward(ctx, grad):   # pragma: no cover - vmap only calls the rule below
-        raise RuntimeError("_ReLUMaxPool2x2Batched is differentiated through _ReLUMaxPool2x2")
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return _torch_relu_pool_grad(grad, x)
 
     @staticmethod
     def vmap(info, in_dims, x):
@@ -277,12 +294,6 @@ class _ReLUMaxPool2x2Batched(torch.autograd.Function):
         n, B, C, H, W = x.shape
         out = _ReLUMaxPool2x2.apply(x.reshape(n * B, C, H, W).contiguous())
         return out.view(n, B, C, H // 2, W // 2), 0
-
-
-def _plain(t: torch.Tensor) -> bool:
-    """A plain CPU tensor in the kernels' dtypes, not one wrapped by a torch.func transform."""
-    return (not torch._C._functorch.is_functorch_wrapped_tensor(t) and t.device.type == "cpu"
-            and t.dtype in (torch.float32, torch.float64))
 
 
 class MaxPool2x2(nn.Module):
@@ -305,9 +316,9 @@ class ReLUMaxPool2x2(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
         if _takes_kernel(x, MAX_THREADS["ReLUMaxPool2x2"]):
-            if torch._C._functorch.is_batchedtensor(x):
+            if _batched(x):
                 return _ReLUMaxPool2x2Batched.apply(x)
-            if not torch._C._functorch.is_functorch_wrapped_tensor(x):
+            if not _wrapped(x):
                 return _ReLUMaxPool2x2.apply(x)
         return F.max_pool2d(F.relu(x), 2)
 

@@ -263,6 +263,19 @@ def test_relu_pool_vmap_is_one_call_and_torchs(monkeypatch):
     assert same_bits(xs.grad, xr.grad)
 
 
+@needs_kernel
+def test_relu_pool_under_other_transforms_and_the_vmap_function_alone_are_torchs():
+    x = raw((2, 3, 6, 6), torch.float64)
+    w = torch.randn(2, 3, 3, 3, dtype=torch.float64)
+    ref = torch.func.grad(lambda t: (relu_pool_ref(t) * w).sum())(x)
+    assert same_bits(torch.func.grad(lambda t: (ReLUMaxPool2x2()(t) * w).sum())(x), ref)   # torch's layers
+    xr = x.clone().requires_grad_()
+    out = pool._ReLUMaxPool2x2Batched.apply(xr)   # its forward, outside vmap, with torch's backward
+    assert same_bits(out.detach(), relu_pool_ref(x))
+    out.backward(w)
+    assert same_bits(xr.grad, ref)
+
+
 def test_relu_pool_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypatch):
     x = raw((2, 4, 10, 10))
     ref = relu_pool_ref(x)
