@@ -78,18 +78,23 @@ def test_gradients_are_torchs(dtype):
     assert same_bits(a.grad, b.grad)
 
 
-@needs_kernel
-def test_double_backward_is_torchs():
-    x = torch.relu(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+def assert_double_backward_is_torchs(layer: nn.Module, ref: nn.Module, x: torch.Tensor) -> None:
+    """Gradients of sum(layer(x)^2 * w) and of the squared gradient's sum, against ``ref``'s, bitwise."""
     w = torch.randn(2, 3, 4, 4, dtype=torch.float64)
     grads = []
-    for layer in (MaxPool2x2(), nn.MaxPool2d(2)):
+    for m in (layer, ref):
         xr = x.clone().requires_grad_()
-        (gx,) = torch.autograd.grad((layer(xr) ** 2 * w).sum(), xr, create_graph=True)
+        (gx,) = torch.autograd.grad((m(xr) ** 2 * w).sum(), xr, create_graph=True)
         (ggx,) = torch.autograd.grad((gx ** 2).sum(), xr)
         grads.append((gx.detach(), ggx))
     assert same_bits(grads[0][0], grads[1][0]) and same_bits(grads[0][1], grads[1][1])
     assert grads[0][1].abs().sum() > 0
+
+
+@needs_kernel
+def test_double_backward_is_torchs():
+    x = torch.relu(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+    assert_double_backward_is_torchs(MaxPool2x2(), nn.MaxPool2d(2), x)
 
 
 def test_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypatch):
@@ -227,15 +232,7 @@ def test_relu_pool_hand_case():
 @needs_kernel
 def test_relu_pool_double_backward_is_torchs():
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
-    w = torch.randn(2, 3, 4, 4, dtype=torch.float64)
-    grads = []
-    for layer in (ReLUMaxPool2x2(), torch_layers(nn.Sequential(ReLUMaxPool2x2()))):
-        xr = x.clone().requires_grad_()
-        (gx,) = torch.autograd.grad((layer(xr) ** 2 * w).sum(), xr, create_graph=True)
-        (ggx,) = torch.autograd.grad((gx ** 2).sum(), xr)
-        grads.append((gx.detach(), ggx))
-    assert same_bits(grads[0][0], grads[1][0]) and same_bits(grads[0][1], grads[1][1])
-    assert grads[0][1].abs().sum() > 0
+    assert_double_backward_is_torchs(ReLUMaxPool2x2(), torch_layers(nn.Sequential(ReLUMaxPool2x2())), x)
 
 
 @needs_kernel
