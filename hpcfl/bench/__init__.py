@@ -12,9 +12,10 @@ hpcfl / bare of the steady seconds per round (below 1: the engine is faster). Fi
 go to ``--out`` as JSON. Workloads are defined in docs/workloads.md.
 
 The bare loop's model has the zoo's architecture and initial weights, written with torch's own
-layers (``--bare-layers torch``): where the zoo has a faster equivalent of a torch layer (the
-compiled 2 x 2 max pooling of :mod:`hpcfl.models.pool`, bitwise ``nn.MaxPool2d``), the bare loop
-uses torch's, as hand-written code would. ``--bare-layers zoo`` gives it the zoo's layers too,
+layers (``--bare-layers torch``): where the zoo has a faster equivalent of torch layers (the
+compiled ReLU + 2 x 2 max pooling and 2 x 2 max pooling of :mod:`hpcfl.models.pool`, bitwise
+``nn.ReLU`` + ``nn.MaxPool2d`` and ``nn.MaxPool2d``), the bare loop uses torch's, as hand-written
+code would. ``--bare-layers zoo`` gives it the zoo's layers too,
 so that the ratio measures the engine alone.
 
 With ``--interleave`` both sides run in one process per layout: after each engine round the
@@ -56,8 +57,8 @@ def add_parser(sub) -> None:
     p.add_argument("--only", choices=("hpcfl", "bare"), help="run one side only")
     p.add_argument("--bare-layers", choices=("torch", "zoo"), default="torch",
                    help="torch (default): the bare loop's model is written with torch's own layers, as code "
-                        "written by hand would be (nn.MaxPool2d where hpcfl's zoo has its compiled 2x2 pooling; "
-                        "the same function, bitwise); zoo: the zoo's model as it is, so that the ratio shows "
+                        "written by hand would be (nn.ReLU + nn.MaxPool2d where hpcfl's zoo has its compiled "
+                        "ReLU + 2x2 pooling; the same functions, bitwise); zoo: the zoo's model as it is, so that the ratio shows "
                         "the engine alone")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run the two sides N times in alternating order and print the median ratio (default 1)")

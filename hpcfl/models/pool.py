@@ -21,7 +21,7 @@ together a LeNet-5 step takes 0.82-0.84x the time it takes with torch's layers
 The kernels run on one thread. ``MaxPool2x2`` takes its kernel where torch runs on one (the
 R ranks x 1 thread layouts, one rank per core): with 2 threads torch's pooling runs in
 parallel and the whole step was 8% faster with it. ``ReLUMaxPool2x2`` takes its kernel up to 2
-threads (:data:`MAX_THREADS`). Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``,
+threads (each layer's ``MAX_THREADS``). Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``,
 a GPU, a half-precision or non-contiguous input) these are torch's functions. Under
 ``torch.func.vmap`` the clients' batches are folded into one and pooled in one call.
 """
@@ -157,18 +157,12 @@ def kernels():
     return _KERNELS[0]
 
 
-#: The most torch threads at which each layer takes its (one-thread) kernel: measured on the
-#: 2-core machine, a LeNet-5 step with the pooling kernel was 8% slower than torch's parallel
-#: pooling at 2 threads, and with the fused kernel 9% faster (0.91x, bench/pool_bench.py
-#: --threads 2). Above these, torch's layers run (more threads were not measured).
-MAX_THREADS = {"MaxPool2x2": 1, "ReLUMaxPool2x2": 2}
-
-
 def load_for(module: nn.Module, device: torch.device) -> bool:
     """Load the kernels now if ``module`` has a :class:`MaxPool2x2` or :class:`ReLUMaxPool2x2`
     that runs on CPU at a thread count where it takes its kernel; True if they will be used."""
     threads = torch.get_num_threads()
-    if device.type != "cpu" or not any(threads <= MAX_THREADS.get(type(m).__name__, 0) for m in module.modules()):
+    if device.type != "cpu" or not any(isinstance(m, (MaxPool2x2, ReLUMaxPool2x2)) and threads <= m.MAX_THREADS
+                                       for m in module.modules()):
         return False
     return kernels() is not None
 
@@ -299,9 +293,13 @@ class _ReLUMaxPool2x2Batched(torch.autograd.Function):
 class MaxPool2x2(nn.Module):
     """``nn.MaxPool2d(2)`` with a compiled CPU forward; same values, indices and gradients."""
 
+    #: The most torch threads at which the (one-thread) kernel runs: at 2 threads a LeNet-5 step
+    #: with it was 8% slower than with torch's parallel pooling (bench/pool_bench.py --threads 2).
+    MAX_THREADS = 1
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
-        if _takes_kernel(x, MAX_THREADS["MaxPool2x2"]):
+        if _takes_kernel(x, self.MAX_THREADS):
             return _MaxPool2x2.apply(x)[0]
         return F.max_pool2d(x, 2)
 
@@ -313,9 +311,13 @@ class ReLUMaxPool2x2(nn.Module):
     """``nn.ReLU()`` then ``nn.MaxPool2d(2)`` in one compiled pass each way on CPU; same values and
     gradients, bit for bit."""
 
+    #: The most torch threads at which the (one-thread) kernels run: at 2 threads a LeNet-5 step
+    #: with them was 9% faster than with torch's layers (0.91x); more threads were not measured.
+    MAX_THREADS = 2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H // 2, W // 2)."""
-        if _takes_kernel(x, MAX_THREADS["ReLUMaxPool2x2"]):
+        if _takes_kernel(x, self.MAX_THREADS):
             if _batched(x):
                 return _ReLUMaxPool2x2Batched.apply(x)
             if not _wrapped(x):

@@ -110,23 +110,22 @@ def _conv_stack(cfg: tuple, channels: int, norm: str, groups: int) -> nn.Sequent
     one fused layer (see pool.py). Each layer is named by its position in the unfused stack (a
     fused pair by the ReLU's), so the parameters keep their paths and older results files load."""
     layers: list[tuple[str, nn.Module]] = []
-
-    def add(module: nn.Module) -> None:
-        layers.append((str(len(layers) + skipped[0]), module))
-
-    skipped = [0]   # pooling positions taken by a fused pair
+    pos = 0   # the layer's position in the unfused stack: its name
     for item in cfg:
         if item == "M":
             if layers and isinstance(layers[-1][1], nn.ReLU):
                 layers[-1] = (layers[-1][0], ReLUMaxPool2x2())
-                skipped[0] += 1
             else:
-                add(MaxPool2x2())
+                layers.append((str(pos), MaxPool2x2()))
+            pos += 1
             continue
-        add(he_conv2d(channels, item, 3, padding=1))
+        block = [he_conv2d(channels, item, 3, padding=1)]
         if norm != "none":
-            add(norm2d(norm, item, groups))
-        add(nn.ReLU())
+            block.append(norm2d(norm, item, groups))
+        block.append(nn.ReLU())
+        for module in block:
+            layers.append((str(pos), module))
+            pos += 1
         channels = item
     return nn.Sequential(OrderedDict(layers))
 
