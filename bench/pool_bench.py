@@ -1,6 +1,6 @@
 """The compiled ReLU + 2 x 2 max pooling layers against torch's, in one process, interleaved.
 
-    python bench/pool_bench.py [--threads 1] [--blocks 12] [--steps 40]
+    [HPCFL_NO_CC=1] python bench/pool_bench.py [--threads 1] [--blocks 12] [--steps 40]
 
 Prints microseconds per call of the pooling layers alone (LeNet-5's two pooling shapes at
 batch 32, forward and backward; ``MaxPool2x2`` against ``nn.MaxPool2d(2)``, and
@@ -57,9 +57,11 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if pool.kernels() is None:
-        print("numba is missing or HPCFL_NO_NUMBA is set: there is no compiled pooling to measure")
+        print("neither a C compiler nor numba can be had (or HPCFL_NO_CC and HPCFL_NO_NUMBA are set): "
+              "there is no compiled pooling to measure")
         return 1
-    print(f"torch {torch.__version__}, {a.threads} thread(s)")
+    print(f"torch {torch.__version__}, {a.threads} thread(s), the {pool.kernels().backend} kernels "
+          f"(HPCFL_NO_CC=1 measures numba's)")
     layer_figures()
 
     torch.manual_seed(0)

@@ -3,7 +3,7 @@
 On CPU, torch's ``max_pool2d`` over NCHW float tensors was the slowest layer of LeNet-5: on
 one core of the 2-core machine, 690-830 us for a (32, 6, 28, 28) input, where the two
 convolutions take 790 and 190 us. It is a scalar loop that also writes an int64 index per
-output. ``MaxPool2x2`` runs the same loop compiled by numba, in the same order with the same
+output. ``MaxPool2x2`` runs the same scan compiled, in the same order with the same
 comparison (``v > best or isnan(v)``, so ties keep the first element in row-major order and a NaN
 wins, as in torch), and gives torch's own backward kernel the indices it would have made. The
 values, the indices, and so every gradient are bitwise torch's: the swap changes no result,
@@ -14,27 +14,34 @@ pass each way: the forward applies torch's ReLU (a negative becomes +0.0; -0.0 a
 and the same scan, keeping the winner's place in its window as one byte; the backward writes
 what torch's two backward kernels would (pooling adds the gradient to a zero at the winner,
 ReLU zeroes it where the output is <= 0) in one pass over the input. That removes two of
-four passes over the large tensor, the int64 indices, the zero fill and two autograd nodes:
-together a LeNet-5 step takes 0.82-0.84x the time it takes with torch's layers
-(``bench/pool_bench.py``, one thread).
+four passes over the large tensor, the int64 indices, the zero fill and two autograd nodes.
+
+The kernels exist twice, with the same bits: C in ``pool.c`` (vector loops on SSE2), compiled
+once per machine and loaded through ctypes in about a millisecond (:mod:`hpcfl.cc`), and
+numba loops below, which need 0.5-1 s to load per process and run where no C compiler is
+found. :func:`kernels` takes the first that gives torch's bits on a small hard input.
 
 The kernels run on one thread. ``MaxPool2x2`` takes its kernel where torch runs on one (the
 R ranks x 1 thread layouts, one rank per core): with 2 threads torch's pooling runs in
 parallel and the whole step was 8% faster with it. ``ReLUMaxPool2x2`` takes its kernel up to 2
-threads (each layer's ``MAX_THREADS``). Everywhere else (more threads, no numba, ``HPCFL_NO_NUMBA=1``,
-a GPU, a half-precision or non-contiguous input) these are torch's functions. Under
-``torch.func.vmap`` the clients' batches are folded into one and pooled in one call.
+threads (each layer's ``MAX_THREADS``). Everywhere else (more threads, neither C nor numba,
+``HPCFL_NO_CC=1`` with ``HPCFL_NO_NUMBA=1``, a GPU, a half-precision or non-contiguous input)
+these are torch's functions. Under ``torch.func.vmap`` the clients' batches are folded into
+one and pooled in one call.
 """
 
 from __future__ import annotations
 
+import ctypes
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import cc
 from ..jit import numba_or_none
 
 _KERNELS: list = []   # [namespace of compiled kernels, or None], once resolved
@@ -50,8 +57,8 @@ except ImportError:   # a torch without these: every input counts as wrapped, to
         return True
 
 
-def _compile():
-    """The compiled kernels (float32 and float64), or None where numba cannot be had."""
+def _numba_kernels():
+    """The kernels compiled by numba (float32 and float64), or None where numba cannot be had."""
     numba = numba_or_none()
     if numba is None:
         return None
@@ -137,23 +144,101 @@ def _compile():
                     for j in range(W):
                         dx[b, c, i, j] = 0.0
 
-    return SimpleNamespace(pool2x2=pool2x2, relu_pool2x2=relu_pool2x2, relu_pool2x2_grad=relu_pool2x2_grad)
+    def planes(t: torch.Tensor):   # the (B * C, H, W) numpy view of a contiguous (B, C, H, W) tensor
+        B, C, H, W = t.shape
+        return t.detach().view(B * C, H, W).numpy()
+
+    return SimpleNamespace(
+        backend="numba",
+        pool2x2=lambda x, out, idx: pool2x2(planes(x), planes(out), planes(idx)),
+        relu_pool2x2=lambda x, out, pos: relu_pool2x2(x.detach().numpy(), out.numpy(), pos.numpy()),
+        relu_pool2x2_grad=lambda g, out, pos, dx: relu_pool2x2_grad(g.numpy(), out.numpy(), pos.numpy(), dx.numpy()))
+
+
+def _c_kernels():
+    """The same kernels from ``pool.c`` through ctypes (:mod:`hpcfl.cc`), or None where it cannot
+    be compiled or was built without its vector loops (numba's are then faster)."""
+    lib = cc.load(Path(__file__).with_name("pool.c"))
+    if lib is None or not lib.hpcfl_pool_simd():
+        return None
+    ptr, n = ctypes.c_void_p, ctypes.c_int64
+    fn = {}
+    for name, args in (("pool2x2", 3), ("relu_pool2x2", 3), ("relu_pool2x2_grad", 4)):
+        for dtype, suffix in ((torch.float32, "f32"), (torch.float64, "f64")):
+            f = getattr(lib, f"{name}_{suffix}")
+            f.argtypes, f.restype = [ptr] * args + [n, n, n], None
+            fn[name, dtype] = f
+
+    def forward(name):
+        def run(x, out, place):   # (B, C, H, W) contiguous -> out, place (B, C, H // 2, W // 2)
+            B, C, H, W = x.shape
+            fn[name, x.dtype](x.data_ptr(), out.data_ptr(), place.data_ptr(), B * C, H, W)
+        return run
+
+    def relu_pool2x2_grad(g, out, pos, dx):   # dx (B, C, H, W) from g, out, pos (B, C, H // 2, W // 2)
+        B, C, H, W = dx.shape
+        fn["relu_pool2x2_grad", dx.dtype](g.data_ptr(), out.data_ptr(), pos.data_ptr(), dx.data_ptr(), B * C, H, W)
+
+    return SimpleNamespace(backend="c", pool2x2=forward("pool2x2"), relu_pool2x2=forward("relu_pool2x2"),
+                           relu_pool2x2_grad=relu_pool2x2_grad)
+
+
+def _agrees_with_torch(k) -> bool:
+    """Whether the kernels ``k`` give torch's bits on a small input with every hard case (ties,
+    negatives, -0.0, NaNs of both signs, odd sizes), in float32 and float64: a guard against a
+    compiler that does not keep IEEE semantics. About a millisecond."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.arange(-20.0, 32.0, dtype=dtype).remainder(7.0).sub(3.0).view(1, 2, 2, 13).repeat(1, 1, 3, 1)
+        x = x.view(1, 2, 6, 13)[..., :5, :]                          # odd height and width
+        x[0, 0, 0, :4] = torch.tensor([-0.0, 0.0, float("nan"), -float("nan")], dtype=dtype)
+        x = x.contiguous()
+        ints = torch.int32 if dtype == torch.float32 else torch.int64
+        out, idx = torch.empty(1, 2, 2, 6, dtype=dtype), torch.empty(1, 2, 2, 6, dtype=torch.int64)
+        k.pool2x2(x, out, idx)
+        ref, ref_idx = F.max_pool2d(x, 2, return_indices=True)
+        if not (torch.equal(out.view(ints), ref.view(ints)) and torch.equal(idx, ref_idx)):
+            return False
+        pos, dx = torch.empty(1, 2, 2, 6, dtype=torch.int8), torch.empty_like(x)
+        k.relu_pool2x2(x, out, pos)
+        xd = x.clone().requires_grad_()
+        ref = F.max_pool2d(F.relu(xd), 2)
+        g = torch.linspace(-1.0, 1.0, ref.numel(), dtype=dtype).view(ref.shape)
+        g[0, 0, 0, :2] = torch.tensor([-0.0, float("nan")], dtype=dtype)
+        (ref * g).sum().backward()   # = ref.backward(g) bitwise (1 * g), without torch's sympy import
+        k.relu_pool2x2_grad(g, out, pos, dx)
+        if not (torch.equal(out.view(ints), ref.detach().view(ints)) and torch.equal(dx.view(ints), xd.grad.view(ints))):
+            return False
+    return True
 
 
 def kernels():
-    """The compiled kernels (``pool2x2``, ``relu_pool2x2``, ``relu_pool2x2_grad``), or None (numba
-    missing or disabled); compiled or loaded once.
+    """The compiled kernels, or None (neither C nor numba can be had, or both are disabled):
+    a namespace of ``pool2x2(x, out, idx)``, ``relu_pool2x2(x, out, pos)`` and
+    ``relu_pool2x2_grad(g, out, pos, dx)`` on contiguous tensors, and ``backend`` ("c" or
+    "numba"). Resolved once per process.
 
-    Loading imports numba and its compiler context: 0.5-0.6 s here (a few seconds for a first
-    compile). The engine does it before round 1 when the model trains on CPU (:func:`load_for`);
-    elsewhere the first CPU forward does it.
+    The C form (``pool.c``, see :mod:`hpcfl.cc`) comes first: it loads in about a millisecond
+    once compiled, where numba's load takes 0.5-1 s, and its vector loops are as fast or
+    faster. Either form must give torch's bits on a small hard input before it is used
+    (:func:`_agrees_with_torch`); the engine loads them before round 1 when the model trains
+    on CPU (:func:`load_for`), elsewhere the first CPU forward does.
     """
     if not _KERNELS:
-        try:
-            _KERNELS.append(_compile())
-        except Exception as err:   # a broken numba install or cache: torch's layers, the same bits
-            warnings.warn(f"hpcfl: the compiled max pooling is off ({err}); torch's is used", stacklevel=2)
-            _KERNELS.append(None)
+        chosen = None
+        for name, make in (("C", _c_kernels), ("numba", _numba_kernels)):
+            try:
+                k = make()
+            except Exception as err:   # a broken numba install or cache, an odd compiler: the next form
+                warnings.warn(f"hpcfl: the {name} max pooling is off ({err})", stacklevel=2)
+                continue
+            if k is None:
+                continue
+            if _agrees_with_torch(k):
+                chosen = k
+                break
+            warnings.warn(f"hpcfl: the {name} max pooling does not give torch's bits on this machine; it is off",
+                          stacklevel=2)
+        _KERNELS.append(chosen)
     return _KERNELS[0]
 
 
@@ -175,11 +260,6 @@ def _takes_kernel(x: torch.Tensor, max_threads: int) -> bool:
             and torch.get_num_threads() <= max_threads and kernels() is not None)
 
 
-def _planes(t: torch.Tensor, B: int, C: int, H: int, W: int):
-    """The (B * C, H, W) numpy view of a contiguous (B, C, H, W) tensor."""
-    return t.detach().view(B * C, H, W).numpy()
-
-
 class _MaxPool2x2(torch.autograd.Function):
     """(B, C, H, W) -> values and int64 indices (B, C, H // 2, W // 2), torch's layout."""
 
@@ -188,8 +268,7 @@ class _MaxPool2x2(torch.autograd.Function):
         B, C, H, W = x.shape
         out = x.new_empty((B, C, H // 2, W // 2))
         idx = torch.empty((B, C, H // 2, W // 2), dtype=torch.int64)
-        kernels().pool2x2(_planes(x, B, C, H, W), _planes(out, B, C, H // 2, W // 2),
-                          _planes(idx, B, C, H // 2, W // 2))
+        kernels().pool2x2(x, out, idx)
         return out, idx
 
     @staticmethod
@@ -219,7 +298,7 @@ def _relu_pool(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B, C, H, W = x.shape
     out = x.new_empty((B, C, H // 2, W // 2))
     pos = torch.empty((B, C, H // 2, W // 2), dtype=torch.int8)
-    kernels().relu_pool2x2(x.detach().numpy(), out.numpy(), pos.numpy())
+    kernels().relu_pool2x2(x, out, pos)
     return out, pos
 
 
@@ -238,7 +317,7 @@ def _relu_pool_grad(grad: torch.Tensor, x: torch.Tensor, out: torch.Tensor, pos:
         # a double backward, or a torch.func transform: torch's layers, the same first derivative
         return _torch_relu_pool_grad(grad, x)
     dx = torch.empty_like(x)
-    kernels().relu_pool2x2_grad(grad.contiguous().numpy(), out.numpy(), pos.numpy(), dx.numpy())
+    kernels().relu_pool2x2_grad(grad.contiguous(), out, pos, dx)
     return dx
 
 

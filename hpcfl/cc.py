@@ -1,0 +1,118 @@
+"""C kernels compiled once per machine and loaded through ctypes: start-up in milliseconds.
+
+Loading numba-compiled loops from numba's cache costs 0.5-1 s per process (numba, llvmlite
+and, through numba's BLAS check, scipy are imported, and LLVM is set up); on workload W that
+was the whole gap between the engine's start-up and a bare torch loop's. Kernels that every
+CPU run of a common model needs (:mod:`hpcfl.models.pool`) therefore also ship as C source.
+The first process that needs one compiles it with the machine's C compiler into the cache
+folder; every later process maps the shared library in about a millisecond.
+
+- Compiler: ``$HPCFL_CC`` (a command, e.g. ``"gcc-12"``), else the first of ``cc``, ``gcc`` and
+  ``clang`` on the PATH. ``$CC`` is not read: on clusters it often names an MPI wrapper or a
+  compiler whose default floating-point model is not IEEE. Flags: ``-O2 -std=c99 -shared
+  -fPIC`` (no ``-march=native``, so one file serves every node of an architecture).
+- Cache: ``kernels/NAME-KEY.so`` under ``$HPCFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpcfl``, else
+  ``~/.cache/hpcfl``; KEY hashes the source, the compiler's path, size and time stamp, the
+  flags and the platform, so a changed source or compiler never loads a stale file. A file is
+  compiled under a temporary name and renamed into place: ranks compiling at once leave one
+  whole file. A folder that cannot be written costs a compile per process (a warning says so).
+- No compiler, a failed compile, or ``HPCFL_NO_CC=1``: :func:`load` returns None and the
+  caller uses its numba or torch form (the same bits; kernels check their own results).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+FLAGS = ("-O2", "-std=c99", "-shared", "-fPIC")
+COMPILE_TIMEOUT_S = 120
+
+
+def compiler() -> list[str] | None:
+    """The compiler command (argv prefix), or None where there is none."""
+    if os.environ.get("HPCFL_CC"):
+        argv = shlex.split(os.environ["HPCFL_CC"])
+        found = shutil.which(argv[0]) if argv else None
+        return [found, *argv[1:]] if found else None
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return [found]
+    return None
+
+
+def key(source: bytes, cc: list[str]) -> str:
+    """16 hex digits identifying the compiled file: source, compiler (path, size, mtime), flags, platform."""
+    st = os.stat(os.path.realpath(cc[0]))
+    text = "\0".join([*cc, str(st.st_size), str(st.st_mtime_ns), *FLAGS, sys.platform, platform.machine()])
+    return hashlib.sha256(source + b"\0" + text.encode()).hexdigest()[:16]
+
+
+def cache_folder() -> Path:
+    """``kernels/`` in hpcfl's cache folder (the one the dataset cache's ``"auto"`` uses)."""
+    from .data.cache import cache_root
+
+    return cache_root("auto") / "kernels"
+
+
+def _compile(cc: list[str], source: Path, target: Path) -> None:
+    """Compile ``source`` into ``target`` (a temporary name beside it, then renamed into place)."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        done = subprocess.run([*cc, *FLAGS, str(source), "-o", str(tmp)], capture_output=True, text=True,
+                              timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cc)} failed: {(done.stderr or done.stdout).strip()[:500]}")
+        os.replace(tmp, target)   # a reader sees no file or a whole one
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load(source: Path) -> ctypes.CDLL | None:
+    """The shared library built from the C file ``source``, compiled on first use; None where
+    no C compiler can be had, compiling fails, or ``HPCFL_NO_CC`` is set (a warning says why
+    when a compiler was there)."""
+    if os.environ.get("HPCFL_NO_CC"):
+        return None
+    cc = compiler()
+    if cc is None:
+        return None
+    text = source.read_bytes()
+    folder = cache_folder()
+    target = folder / f"{source.stem}-{key(text, cc)}.so"
+    try:
+        if target.exists():
+            try:
+                return ctypes.CDLL(str(target))
+            except OSError:   # damaged (a disk that filled up): compile it again over it
+                pass
+        folder.mkdir(parents=True, exist_ok=True)
+        _compile(cc, source, target)
+        return ctypes.CDLL(str(target))
+    except OSError as err:   # the cache folder cannot be written: compile into a private one
+        warnings.warn(f"hpcfl: cannot write the kernel cache {folder} ({err}); the C kernels are compiled "
+                      f"anew in every process. Set HPCFL_CACHE_DIR to a writable folder", stacklevel=2)
+    except (RuntimeError, subprocess.SubprocessError) as err:
+        warnings.warn(f"hpcfl: could not compile {source.name} ({err}); its numba or torch form is used",
+                      stacklevel=2)
+        return None
+    with tempfile.TemporaryDirectory(prefix="hpcfl-cc-") as tmp:
+        try:
+            private = Path(tmp) / target.name
+            _compile(cc, source, private)
+            return ctypes.CDLL(str(private))   # mapped: the file may go when the folder does
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            warnings.warn(f"hpcfl: could not compile {source.name} ({err}); its numba or torch form is used",
+                          stacklevel=2)
+            return None

@@ -1,0 +1,124 @@
+"""hpcfl.cc: C kernels compiled once per machine into the cache folder, loaded through ctypes."""
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hpcfl import cc
+from hpcfl.models import pool
+
+needs_cc = pytest.mark.skipif(cc.compiler() is None, reason="no C compiler on this machine")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache folder, and no switches from the environment."""
+    monkeypatch.setenv("HPCFL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HPCFL_NO_CC", raising=False)
+    monkeypatch.delenv("HPCFL_CC", raising=False)
+    return tmp_path / "cache" / "kernels"
+
+
+def source(tmp_path: Path, value: int, name: str = "answer") -> Path:
+    path = tmp_path / f"{name}.c"
+    path.write_text(f"int answer(void) {{ return {value}; }}\n")
+    return path
+
+
+def compiles(monkeypatch) -> list:
+    """Spy on the compiler runs."""
+    runs = []
+    real = cc._compile
+    monkeypatch.setattr(cc, "_compile", lambda *a: (runs.append(a[2]), real(*a)))
+    return runs
+
+
+@needs_cc
+def test_compiles_once_into_the_cache_and_loads_from_it(cache, tmp_path, monkeypatch):
+    runs = compiles(monkeypatch)
+    assert cc.load(source(tmp_path, 41)).answer() == 41
+    files = sorted(p.name for p in cache.iterdir())
+    assert len(files) == 1 and files[0].startswith("answer-") and files[0].endswith(".so")
+    assert cc.load(source(tmp_path, 41)).answer() == 41          # loaded, not compiled again
+    assert len(runs) == 1
+
+
+@needs_cc
+def test_a_changed_source_or_compiler_never_loads_the_stale_file(cache, tmp_path, monkeypatch):
+    assert cc.load(source(tmp_path, 1)).answer() == 1
+    assert cc.load(source(tmp_path, 2)).answer() == 2             # same name, new source: a new file
+    assert len(list(cache.iterdir())) == 2
+    text = source(tmp_path, 2).read_bytes()
+    assert cc.key(text, cc.compiler()) != cc.key(text, [cc.compiler()[0], "-DOTHER"])
+
+
+@needs_cc
+def test_a_damaged_file_is_compiled_again(cache, tmp_path):
+    src = source(tmp_path, 7)
+    target = cache / f"answer-{cc.key(src.read_bytes(), cc.compiler())}.so"
+    cache.mkdir(parents=True)
+    target.write_bytes(b"not a shared library")    # as a full disk might have left it
+    assert cc.load(src).answer() == 7
+    assert target.read_bytes()[:4] == b"\x7fELF"
+
+
+@needs_cc
+def test_an_unwritable_cache_still_gives_the_kernels_with_a_warning(cache, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("HPCFL_CACHE_DIR", str(blocker / "cache"))   # under a file: cannot be made (even as root)
+    with pytest.warns(UserWarning, match="cannot write the kernel cache"):
+        lib = cc.load(source(tmp_path, 5))
+    assert lib.answer() == 5
+
+
+def test_no_compiler_or_switched_off_gives_none(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCFL_CC", str(tmp_path / "no-such-cc"))
+    assert cc.compiler() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # no compiler is not worth a warning: the fallbacks are the same bits
+        assert cc.load(source(tmp_path, 3)) is None
+    monkeypatch.delenv("HPCFL_CC")
+    monkeypatch.setenv("HPCFL_NO_CC", "1")
+    assert cc.load(source(tmp_path, 3)) is None
+
+
+@needs_cc
+def test_a_failed_compile_warns_and_gives_none(cache, tmp_path):
+    bad = tmp_path / "bad.c"
+    bad.write_text("int answer(void) { return }\n")
+    with pytest.warns(UserWarning, match="could not compile bad.c"):
+        assert cc.load(bad) is None
+    assert not any(cache.iterdir())                                  # no file, no temporary left
+
+
+@needs_cc
+def test_processes_compiling_at_once_leave_one_whole_file(cache, tmp_path):
+    src = source(tmp_path, 9)
+    code = f"from pathlib import Path; from hpcfl import cc; print(cc.load(Path({str(src)!r})).answer())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["9"] * 4
+    assert [p.name.startswith("answer-") for p in cache.iterdir()] == [True]   # no temporaries either
+
+
+def test_pooling_kernels_that_give_other_bits_are_not_used(monkeypatch):
+    """kernels() checks each form against torch first: one that flips a zero's sign is skipped."""
+    good = pool._numba_kernels() or pool._c_kernels()
+    if good is None:
+        pytest.skip("no compiled pooling here")
+    broken = SimpleNamespace(backend="c", pool2x2=good.pool2x2, relu_pool2x2=good.relu_pool2x2,
+                             relu_pool2x2_grad=lambda g, out, pos, dx: (good.relu_pool2x2_grad(g, out, pos, dx),
+                                                                        dx.neg_()))
+    assert pool._agrees_with_torch(good) and not pool._agrees_with_torch(broken)
+    monkeypatch.setattr(pool, "_KERNELS", [])
+    monkeypatch.setattr(pool, "_c_kernels", lambda: broken)
+    monkeypatch.setattr(pool, "_numba_kernels", lambda: good)
+    with pytest.warns(UserWarning, match="C max pooling does not give torch's bits"):
+        assert pool.kernels() is good
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(pool.ReLUMaxPool2x2()(x), torch.nn.functional.max_pool2d(torch.relu(x), 2))
