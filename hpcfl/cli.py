@@ -318,6 +318,15 @@ def cmd_info(args, comm) -> int:
         print(f"cuda devices on rank 0's node: {torch.cuda.device_count()}")
         for k, v in versions().items():
             print(f"{k}: {v}")
+        from .models import pool   # compiles the C kernels here if no run has yet (once per machine)
+
+        k = pool.kernels()
+        if k is None:
+            print("cpu pooling kernels: torch's layers (neither a C compiler nor numba, or both switched off)")
+        elif k.backend == "numba":
+            print("cpu pooling kernels: numba (no C compiler found, or HPCFL_NO_CC is set)")
+        else:
+            print(f"cpu pooling kernels: C, {k.path}")
     return 0
 
 

@@ -204,3 +204,4 @@ def test_info_lists_ranks_devices_and_versions():
     assert p.returncode == 0, p.stderr
     assert "ranks: 2" in p.stdout and "rank 1:" in p.stdout and "device cpu" in p.stdout
     assert "mpi: MPICH" in p.stdout and "torch:" in p.stdout
+    assert "cpu pooling kernels: C, " in p.stdout and "/kernels/pool-" in p.stdout   # this machine has gcc

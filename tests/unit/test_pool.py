@@ -301,3 +301,27 @@ def test_relu_pool_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypat
     assert same_bits(layer(x), ref)
     with pytest.raises(RuntimeError):
         layer(torch.zeros(1, 1, 1, 1))
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode", "func.grad", "vmap"])
+def test_the_kernels_resolve_on_a_first_call_from_any_context(context, monkeypatch):
+    """kernels() checks a form against torch's layers on its first call, which may come from inside
+    no_grad, inference mode or a torch.func transform: the check must run the same there."""
+    if pool._c_kernels() is None and pool._numba_kernels() is None:
+        pytest.skip("no compiled pooling here")
+    monkeypatch.setattr(pool, "_KERNELS", [])
+    x = raw((4, 2, 3, 8, 8), seed=5)
+    layer = ReLUMaxPool2x2()
+    if context == "no_grad":
+        with torch.no_grad():
+            got, ref = layer(x[0]), relu_pool_ref(x[0])
+    elif context == "inference_mode":
+        with torch.inference_mode():
+            got, ref = layer(x[0]), relu_pool_ref(x[0])
+    elif context == "func.grad":
+        got = torch.func.grad(lambda t: (layer(t) ** 2).sum())(x[0])
+        ref = torch.func.grad(lambda t: (relu_pool_ref(t) ** 2).sum())(x[0])
+    else:
+        got, ref = torch.func.vmap(layer)(x), torch.stack([relu_pool_ref(t) for t in x])
+    assert pool._KERNELS[0] is not None
+    assert same_bits(got, ref)
