@@ -82,11 +82,15 @@ def _compile(cc: list[str], source: Path, target: Path) -> None:
 def load(source: Path) -> ctypes.CDLL | None:
     """The shared library built from the C file ``source``, compiled on first use; None where
     no C compiler can be had, compiling fails, or ``HPCFL_NO_CC`` is set (a warning says why
-    when a compiler was there)."""
+    when a compiler was there or ``HPCFL_CC`` named one that is not)."""
     if os.environ.get("HPCFL_NO_CC"):
         return None
     cc = compiler()
     if cc is None:
+        if os.environ.get("HPCFL_CC"):   # asked for by name: say why it is not used
+            warnings.warn(f"hpcfl: HPCFL_CC={os.environ['HPCFL_CC']!r} is not a command found on the PATH; the C "
+                          f"kernels are off. Set it to an installed C compiler, or unset it to use cc, gcc or clang",
+                          stacklevel=2)
         return None
     text = source.read_bytes()
     folder = cache_folder()

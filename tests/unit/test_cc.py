@@ -1,5 +1,6 @@
 """hpcfl.cc: C kernels compiled once per machine into the cache folder, loaded through ctypes."""
 
+import os
 import subprocess
 import sys
 import warnings
@@ -78,14 +79,28 @@ def test_an_unwritable_cache_still_gives_the_kernels_with_a_warning(cache, tmp_p
 
 
 def test_no_compiler_or_switched_off_gives_none(cache, tmp_path, monkeypatch):
-    monkeypatch.setenv("HPCFL_CC", str(tmp_path / "no-such-cc"))
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))            # no cc, gcc or clang anywhere
     assert cc.compiler() is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")    # no compiler is not worth a warning: the fallbacks are the same bits
         assert cc.load(source(tmp_path, 3)) is None
+    monkeypatch.setenv("HPCFL_CC", "no-such-cc -O1")               # but a compiler asked for by name is
+    with pytest.warns(UserWarning, match="HPCFL_CC='no-such-cc -O1' is not a command"):
+        assert cc.load(source(tmp_path, 3)) is None
     monkeypatch.delenv("HPCFL_CC")
-    monkeypatch.setenv("HPCFL_NO_CC", "1")
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.setenv("HPCFL_NO_CC", "1")                          # compilers there, switched off
     assert cc.load(source(tmp_path, 3)) is None
+    assert not cache.exists()
+
+
+@needs_cc
+def test_the_compiler_can_be_named(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCFL_CC", f"{cc.compiler()[0]} -DANSWER_OFFSET=1")
+    src = tmp_path / "named.c"
+    src.write_text("int answer(void) { return 40 + ANSWER_OFFSET; }\n")   # compiles only with the flag
+    assert cc.load(src).answer() == 41
 
 
 @needs_cc
