@@ -1,4 +1,4 @@
-/* 2 x 2 max pooling, and ReLU then 2 x 2 max pooling, bitwise torch's (see pool.py).
+/* 2 x 2 max pooling, and ReLU then 2 x 2 max pooling, bitwise torch's (see pool.py, pool_kernels.py).
  *
  * Plain C99: hpcfl compiles it once per machine with the C compiler it finds (hpcfl/cc.py)
  * and calls it through ctypes, which costs milliseconds at start-up where loading the same

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hpcfl import cc
-from hpcfl.models import pool
+from hpcfl.models import pool, pool_kernels
 
 needs_cc = pytest.mark.skipif(cc.compiler() is None, reason="no C compiler on this machine")
 
@@ -123,16 +123,16 @@ def test_processes_compiling_at_once_leave_one_whole_file(cache, tmp_path):
 
 def test_pooling_kernels_that_give_other_bits_are_not_used(monkeypatch):
     """kernels() checks each form against torch first: one that flips a zero's sign is skipped."""
-    good = pool._numba_kernels() or pool._c_kernels()
+    good = pool_kernels._numba_kernels() or pool_kernels._c_kernels()
     if good is None:
         pytest.skip("no compiled pooling here")
     broken = SimpleNamespace(backend="c", pool2x2=good.pool2x2, relu_pool2x2=good.relu_pool2x2,
                              relu_pool2x2_grad=lambda g, out, pos, dx: (good.relu_pool2x2_grad(g, out, pos, dx),
                                                                         dx.neg_()))
-    assert pool._agrees_with_torch(good) and not pool._agrees_with_torch(broken)
-    monkeypatch.setattr(pool, "_KERNELS", [])
-    monkeypatch.setattr(pool, "_c_kernels", lambda: broken)
-    monkeypatch.setattr(pool, "_numba_kernels", lambda: good)
+    assert pool_kernels._agrees_with_torch(good) and not pool_kernels._agrees_with_torch(broken)
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [])
+    monkeypatch.setattr(pool_kernels, "_c_kernels", lambda: broken)
+    monkeypatch.setattr(pool_kernels, "_numba_kernels", lambda: good)
     with pytest.warns(UserWarning, match="C max pooling does not give torch's bits"):
         assert pool.kernels() is good
     x = torch.randn(2, 3, 8, 8)

@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpcfl.models import pool
+from hpcfl.models import pool, pool_kernels
 from hpcfl.models.cnn import LeNet5
 from hpcfl.bench.bare import torch_layers
 from hpcfl.models.pool import MaxPool2x2, ReLUMaxPool2x2
 
-MAKERS = {"c": pool._c_kernels, "numba": pool._numba_kernels}
+MAKERS = {"c": pool_kernels._c_kernels, "numba": pool_kernels._numba_kernels}
 BUILT: dict = {}
 
 
@@ -25,7 +25,7 @@ def kernel(request, monkeypatch):
         BUILT[request.param] = MAKERS[request.param]()
     if BUILT[request.param] is None:
         pytest.skip(f"no {request.param} kernels here (no compiler / numba, or HPCFL_NO_CC / HPCFL_NO_NUMBA)")
-    monkeypatch.setattr(pool, "_KERNELS", [BUILT[request.param]])
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [BUILT[request.param]])
     return BUILT[request.param]
 
 
@@ -122,7 +122,7 @@ def test_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypatch):
     torch.set_num_threads(2)                                                             # torch's, in parallel
     assert same_bits(layer(x), ref)
     torch.set_num_threads(1)
-    monkeypatch.setattr(pool, "_KERNELS", [None])                                        # numba missing
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [None])                                        # numba missing
     assert same_bits(layer(x), ref)
     with pytest.raises(RuntimeError):                                                    # torch's own error
         layer(torch.zeros(1, 1, 1, 1))
@@ -173,7 +173,7 @@ def test_the_kernel_runs_with_one_thread_only_and_folds_a_vmapped_group(monkeypa
     calls = []
     compiled = pool.kernels()
     spy = SimpleNamespace(pool2x2=lambda x, out, idx: (calls.append(x.shape), compiled.pool2x2(x, out, idx)))
-    monkeypatch.setattr(pool, "_KERNELS", [spy])
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [spy])
     layer = MaxPool2x2()
     layer(torch.randn(2, 3, 8, 8))
     torch.func.vmap(layer)(torch.randn(4, 2, 3, 8, 8))   # 4 clients x batch 2 x 3 channels: one call
@@ -256,7 +256,7 @@ def test_relu_pool_vmap_is_one_call_and_torchs(monkeypatch):
     compiled = pool.kernels()
     spy = SimpleNamespace(relu_pool2x2=lambda x, out, pos: (calls.append(x.shape), compiled.relu_pool2x2(x, out, pos)),
                           relu_pool2x2_grad=compiled.relu_pool2x2_grad)
-    monkeypatch.setattr(pool, "_KERNELS", [spy])
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [spy])
     xs = raw((3, 5, 4, 8, 8), seed=2).requires_grad_()
     out = torch.func.vmap(ReLUMaxPool2x2())(xs)
     assert calls == [(15, 4, 8, 8)]                         # 3 clients x 5 samples, 4 channels
@@ -297,7 +297,7 @@ def test_relu_pool_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypat
     torch.set_num_threads(3)                                  # above MAX_THREADS: torch's, in parallel
     assert same_bits(layer(x), ref)
     torch.set_num_threads(1)
-    monkeypatch.setattr(pool, "_KERNELS", [None])
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [None])
     assert same_bits(layer(x), ref)
     with pytest.raises(RuntimeError):
         layer(torch.zeros(1, 1, 1, 1))
@@ -307,9 +307,9 @@ def test_relu_pool_falls_back_to_torch_where_the_kernel_does_not_apply(monkeypat
 def test_the_kernels_resolve_on_a_first_call_from_any_context(context, monkeypatch):
     """kernels() checks a form against torch's layers on its first call, which may come from inside
     no_grad, inference mode or a torch.func transform: the check must run the same there."""
-    if pool._c_kernels() is None and pool._numba_kernels() is None:
+    if pool_kernels._c_kernels() is None and pool_kernels._numba_kernels() is None:
         pytest.skip("no compiled pooling here")
-    monkeypatch.setattr(pool, "_KERNELS", [])
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [])
     x = raw((4, 2, 3, 8, 8), seed=5)
     layer = ReLUMaxPool2x2()
     if context == "no_grad":
@@ -323,5 +323,5 @@ def test_the_kernels_resolve_on_a_first_call_from_any_context(context, monkeypat
         ref = torch.func.grad(lambda t: (relu_pool_ref(t) ** 2).sum())(x[0])
     else:
         got, ref = torch.func.vmap(layer)(x), torch.stack([relu_pool_ref(t) for t in x])
-    assert pool._KERNELS[0] is not None
+    assert pool_kernels._KERNELS[0] is not None
     assert same_bits(got, ref)
