@@ -15,7 +15,7 @@ sample of ``stat_batch`` training samples per client (keyed by seed, round, clie
   rho_i = |F_i(w_i) - F_i(w)| / ||w_i - w||, reduced as D-weighted means (segment ``afl``).
 
 beta, rho and delta are the means over the trial rounds. At the end of the last trial
-round rank 0 sets tau* = argmin_tau G(tau) (:func:`hpcfl.algorithms.tau_control.afl_tau`)
+round rank 0 sets tau* = argmin_tau G(tau) (:func:`hpcfl.algorithms.afl_bound.afl_tau`)
 with eta the client lr, c the seconds per local iteration and b the seconds of
 communication per round (from the simulated clock's trial rounds, else ``compute_s`` and
 ``comm_s``), and the budget R = ``budget_s`` (default: the whole run at tau0,
@@ -33,7 +33,7 @@ import torch
 
 from ..client.stats import stats_sample
 from ..errors import ConfigError
-from . import tau_control as tc
+from .afl_bound import afl_tau
 from .gift import TAU_FIELDS, TauSteps
 from .protocol import Field, Segment
 
@@ -141,7 +141,7 @@ class AflSteps(TauSteps):
             return self.tau, ""
         beta, rho, delta, step_s, comm = self.acc[:5] / self.acc[5]
         budget = self.opts.budget_s or self.rounds * (step_s * self.tau0 + comm)
-        tau = tc.afl_tau(ctx.lr, beta, rho, delta, self.opts.phi, step_s, comm, budget, int(self.opts.tau_max))
+        tau = afl_tau(ctx.lr, beta, rho, delta, self.opts.phi, step_s, comm, budget, int(self.opts.tau_max))
         return int(tau), "afl"
 
     def round_records(self, ctx) -> dict:
