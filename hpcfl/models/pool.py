@@ -72,7 +72,7 @@ class _MaxPool2x2(torch.autograd.Function):
     def forward(x):
         B, C, H, W = x.shape
         out = x.new_empty((B, C, H // 2, W // 2))
-        idx = torch.empty((B, C, H // 2, W // 2), dtype=torch.int64)
+        idx = torch.empty((B, C, H // 2, W // 2), dtype=torch.int64, device=x.device)
         kernels().pool2x2(x, out, idx)
         return out, idx
 
@@ -102,7 +102,7 @@ def _relu_pool(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     int8 window places (B, C, H // 2, W // 2)."""
     B, C, H, W = x.shape
     out = x.new_empty((B, C, H // 2, W // 2))
-    pos = torch.empty((B, C, H // 2, W // 2), dtype=torch.int8)
+    pos = torch.empty((B, C, H // 2, W // 2), dtype=torch.int8, device=x.device)
     kernels().relu_pool2x2(x, out, pos)
     return out, pos
 

@@ -161,20 +161,22 @@ def _agrees_with_torch(k) -> bool:
     negatives, -0.0, NaNs of both signs, odd sizes), in float32 and float64: a guard against a
     compiler that does not keep IEEE semantics. About a millisecond."""
     for dtype in (torch.float32, torch.float64):
-        x = torch.arange(-20.0, 32.0, dtype=dtype).remainder(7.0).sub(3.0).view(1, 2, 2, 13).repeat(1, 1, 3, 1)
+        # host tensors whatever torch's default device is: the kernels take host pointers
+        on = {"dtype": dtype, "device": "cpu"}
+        x = torch.arange(-20.0, 32.0, **on).remainder(7.0).sub(3.0).view(1, 2, 2, 13).repeat(1, 1, 3, 1)
         x = x.view(1, 2, 6, 13)[..., :5, :]                          # odd height and width
-        x[0, 0, 0, :4] = torch.tensor([-0.0, 0.0, float("nan"), -float("nan")], dtype=dtype)
+        x[0, 0, 0, :4] = torch.tensor([-0.0, 0.0, float("nan"), -float("nan")], **on)
         x = x.contiguous()
         ints = torch.int32 if dtype == torch.float32 else torch.int64
-        out, idx = torch.empty(1, 2, 2, 6, dtype=dtype), torch.empty(1, 2, 2, 6, dtype=torch.int64)
+        out, idx = torch.empty(1, 2, 2, 6, **on), torch.empty(1, 2, 2, 6, dtype=torch.int64, device="cpu")
         k.pool2x2(x, out, idx)
         ref, ref_idx = F.max_pool2d(x, 2, return_indices=True)
         if not (torch.equal(out.view(ints), ref.view(ints)) and torch.equal(idx, ref_idx)):
             return False
-        pos, dx = torch.empty(1, 2, 2, 6, dtype=torch.int8), torch.empty_like(x)
+        pos, dx = torch.empty(1, 2, 2, 6, dtype=torch.int8, device="cpu"), torch.empty_like(x)
         k.relu_pool2x2(x, out, pos)
-        g = torch.linspace(-1.0, 1.0, 24, dtype=dtype).view(1, 2, 2, 6)
-        g[0, 0, 0, :2] = torch.tensor([-0.0, float("nan")], dtype=dtype)
+        g = torch.linspace(-1.0, 1.0, 24, **on).view(1, 2, 2, 6)
+        g[0, 0, 0, :2] = torch.tensor([-0.0, float("nan")], **on)
         k.relu_pool2x2_grad(g, out, pos, dx)
         # torch's layers, forward and the two backward kernels autograd would run; called directly,
         # so that the check runs the same under no_grad, inference mode or a torch.func transform

@@ -325,3 +325,21 @@ def test_the_kernels_resolve_on_a_first_call_from_any_context(context, monkeypat
         got, ref = torch.func.vmap(layer)(x), torch.stack([relu_pool_ref(t) for t in x])
     assert pool_kernels._KERNELS[0] is not None
     assert same_bits(got, ref)
+
+
+def test_the_kernels_take_host_tensors_whatever_torchs_default_device(monkeypatch):
+    """A script that sets another default device (here "meta", as no GPU is at hand) still gets
+    host buffers from the check and the layers: the kernels write through host pointers."""
+    if pool_kernels._c_kernels() is None and pool_kernels._numba_kernels() is None:
+        pytest.skip("no compiled pooling here")
+    monkeypatch.setattr(pool_kernels, "_KERNELS", [])
+    x = raw((2, 3, 8, 8), seed=6)
+    torch.set_default_device("meta")
+    try:
+        got = ReLUMaxPool2x2()(x)
+        out, idx = pool._MaxPool2x2.apply(x)
+    finally:
+        torch.set_default_device(None)
+    assert pool_kernels._KERNELS[0] is not None
+    assert same_bits(got, relu_pool_ref(x))
+    assert same_bits(out, F.max_pool2d(x, 2)) and torch.equal(idx, F.max_pool2d(x, 2, return_indices=True)[1])
