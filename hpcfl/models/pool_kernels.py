@@ -199,22 +199,18 @@ def kernels():
     once compiled, where numba's load takes 0.5-1 s, and its vector loops are as fast or
     faster. Either form must give torch's bits on a small hard input before it is used
     (:func:`_agrees_with_torch`); the engine loads them before round 1 when the model trains
-    on CPU (:func:`load_for`), elsewhere the first CPU forward does.
+    on CPU (:func:`hpcfl.models.pool.load_for`), elsewhere the first CPU forward does.
     """
     if not _KERNELS:
         chosen = None
         for name, make in (("C", _c_kernels), ("numba", _numba_kernels)):
             try:
                 k = make()
-            except Exception as err:   # a broken numba install or cache, an odd compiler: the next form
-                warnings.warn(f"hpcfl: the {name} max pooling is off ({err})", stacklevel=2)
-                continue
-            if k is None:
-                continue
-            try:
+                if k is None:
+                    continue
                 with _outside_transforms():   # a first call may come from inside torch.func.grad or vmap
                     same = _agrees_with_torch(k)
-            except Exception as err:   # e.g. a library missing a symbol: the next form
+            except Exception as err:   # a broken numba install or cache, a library missing a symbol: the next form
                 warnings.warn(f"hpcfl: the {name} max pooling is off ({err})", stacklevel=2)
                 continue
             if same:
