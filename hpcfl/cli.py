@@ -181,7 +181,7 @@ def cmd_run(args, comm) -> int:
     from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, RunControl
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
-    from .runtime import versions
+    from .runtime import NondeterministicOp, versions
 
     t_start = time.perf_counter()
     err, cfg, setup, out, plan, store, aside = None, None, None, None, None, None, None
@@ -280,6 +280,17 @@ def cmd_run(args, comm) -> int:
         control.close()
         rundir.unlock()
         return EXIT_DIVERGED
+    except NondeterministicOp as exc:   # raised where the operation ran: perhaps on some ranks only
+        if comm.rank == 0:
+            writer.close()
+        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+        if comm.size > 1:
+            comm.Abort(EXIT_INPUT)      # the other ranks may wait in a collective: end them all
+        from .io import rundir
+
+        control.close()
+        rundir.unlock()
+        return EXIT_INPUT
     except (simulation.Stopped, simulation.GuardStop) as exc:
         resumable = isinstance(exc, simulation.Stopped)
         if comm.rank == 0:

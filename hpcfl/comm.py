@@ -1,7 +1,8 @@
 """MPI communication: client placement, exact and plain sum reductions, broadcast.
 
-This is the only module (with ``cli``) that imports mpi4py. Everything else takes a
-``comm`` argument; one process is simply ``comm.size == 1``.
+Everything takes a ``comm`` argument; one process is simply ``comm.size == 1``. mpi4py
+itself is imported only by :mod:`hpcfl.mpi` (re-exported here as :func:`world` and
+:func:`mpi_module`).
 
 Exact reduction
 ---------------
@@ -38,20 +39,7 @@ import math
 import numpy as np
 
 from .errors import ConfigError
-
-
-
-def world():
-    """The world communicator (works without mpiexec: a singleton MPI world)."""
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def mpi_module():
-    from mpi4py import MPI
-
-    return MPI
+from .mpi import mpi_module, world  # noqa: F401  (re-exported: the engine's one import of MPI)
 
 
 def owners(num_clients: int, size: int, placement: str = "block") -> np.ndarray:
@@ -263,12 +251,18 @@ class FloatSum:
         return self.acc.copy()
 
 
-def make_sum(mode: str, length: int, spans=None):
+def make_sum(mode: str, length: int, spans=None, device=None):
     """The training reduction's accumulator for ``runtime.reduce`` = "exact" or "float".
 
     "exact" is :class:`hpcfl.gridsum.GridSum` (O(L) memory, grid fixed before the round);
     :class:`ExactSum` serves sums whose rows are all at hand (:meth:`Collectives.sum`).
+    With a ``device`` (a torch device), their device forms (:mod:`hpcfl.gridsum_torch`):
+    rows written and summed there, the same bits.
     """
+    if device is not None:
+        from .gridsum_torch import TorchFloatSum, TorchGridSum
+
+        return TorchGridSum(length, spans, device) if mode == "exact" else TorchFloatSum(length, device)
     if mode == "exact":
         from .gridsum import GridSum
 

@@ -10,8 +10,9 @@ int64 limbs the moment it is packed:
    such as the scalars, into blocks of one, so unlike quantities never share a grid; no block
    straddles two segments, so a segment rounds the same whatever else the row holds); block k
    has a grid exponent ``G_k`` that every rank knows before the round (:meth:`GridSum.reset`);
-2. a contribution ``v`` is rounded once, ``q = rint(v * 2**-G_k)``, and split exactly
-   into limbs of S bits, ``q = l + h * 2**S + t * 2**2S`` (truncating divisions);
+2. a contribution ``v`` is rounded once, ``q = rint(v * 2**-G_k)`` (held within
+   ``+-2**(3S - 1)``, which changes only values past the range, whose block sums to Inf
+   anyway, and keeps every limb an int64 in every form), and split exactly into limbs of S bits, ``q = l + h * 2**S + t * 2**2S`` (truncating divisions);
    ``lo += l`` in one fused pass with no temporaries, and ``hi += h``, ``top += t`` in a
    second pass only when some |q| reaches ``2**S``;
 3. at the end of the round ``Allreduce(MAX)`` of the blocks' largest exponents (about
@@ -43,8 +44,9 @@ import math
 
 import numpy as np
 
-from .algorithms.protocol import ServerArray
 from .jit import numba_or_none
+from .mpi import mpi_module
+from .state import ServerArray
 
 BLOCK_BITS = 4                 # 16 elements share a grid exponent
 BLOCK = 1 << BLOCK_BITS
@@ -71,21 +73,23 @@ def limb_bits(total: int) -> int:
 
 
 def _deposit_numpy(row, starts, scale, s_bits, lo, hi, top, bmax):
-    """Reference deposit (numpy, several passes); bitwise equal to the compiled kernel.
+    """Reference deposit (numpy, several passes); bitwise equal to the compiled kernel and to
+    :mod:`hpcfl.gridsum_torch`'s.
 
     Returns ``max |h|`` over the row, or NaN if the row holds NaN or Inf; the caller
-    checks it against the limb's limit (the limbs are then not to be used).
+    checks it (the limbs are then not to be used).
     """
     a = np.abs(row)
     if not np.isfinite(a.max()):
         return float("nan")
     np.maximum(bmax, np.maximum.reduceat(a, starts[:-1]), out=bmax)
-    q = np.rint(row * np.repeat(scale, np.diff(starts)))
+    cap = 2.0 ** (3 * s_bits - 1)
+    q = np.clip(np.rint(row * np.repeat(scale, np.diff(starts))), -cap, cap)
     up, down = 2.0 ** s_bits, 2.0 ** -s_bits
     h = np.trunc(q * down)
     hmax = float(np.abs(h).max(initial=0.0))
     lo += (q - h * up).astype(np.int64)
-    if 1.0 <= hmax < up * up:
+    if hmax >= 1.0:
         t = np.trunc(h * down)
         top += t.astype(np.int64)
         hi += (h - t * up).astype(np.int64)
@@ -122,7 +126,7 @@ def _compile():
     @numba.njit("float64(float64[::1], int64[::1], float64[::1], int64, int64[::1], float64[::1])",
                 cache=True, nogil=True)
     def deposit_lo(row, starts, scale, s_bits, lo, bmax):   # pragma: no cover - compiled
-        up, down = 2.0 ** s_bits, 2.0 ** -s_bits
+        up, down, cap = 2.0 ** s_bits, 2.0 ** -s_bits, 2.0 ** (3 * s_bits - 1)
         chk, hmax = 0.0, 0.0
         for k in range(scale.shape[0]):
             sc, m = scale[k], bmax[k]
@@ -131,7 +135,7 @@ def _compile():
                 a = abs(v)
                 chk += a * 0.0
                 m = max(m, a)
-                q = np.rint(v * sc)
+                q = min(max(np.rint(v * sc), -cap), cap)
                 h = np.trunc(q * down)
                 hmax = max(hmax, abs(h))
                 lo[j] += np.int64(q - h * up)   # exact: the bits of q below 2**S
@@ -140,18 +144,18 @@ def _compile():
 
     @numba.njit("void(float64[::1], int64[::1], float64[::1], int64, int64[::1], int64[::1])", cache=True, nogil=True)
     def deposit_hi(row, starts, scale, s_bits, hi, top):   # pragma: no cover - compiled
-        up, down = 2.0 ** s_bits, 2.0 ** -s_bits
+        up, down, cap = 2.0 ** s_bits, 2.0 ** -s_bits, 2.0 ** (3 * s_bits - 1)
         for k in range(scale.shape[0]):
             sc = scale[k]
             for j in range(starts[k], starts[k + 1]):
-                h = np.trunc(np.rint(row[j] * sc) * down)
+                h = np.trunc(min(max(np.rint(row[j] * sc), -cap), cap) * down)
                 t = np.trunc(h * down)
                 top[j] += np.int64(t)
                 hi[j] += np.int64(h - t * up)
 
     def deposit(row, starts, scale, s_bits, lo, hi, top, bmax):
         hmax = deposit_lo(row, starts, scale, s_bits, lo, bmax)
-        if 1.0 <= hmax < 2.0 ** (2 * s_bits):
+        if hmax >= 1.0:
             deposit_hi(row, starts, scale, s_bits, hi, top)
         return hmax
 
@@ -235,6 +239,11 @@ class GridSum:
     every rank. Memory: the row, the limbs (the higher ones mapped only once written) and
     about L/16 block values, whatever the number of contributions.
 
+    This class keeps its buffers in host memory (numpy, the compiled kernels where numba is
+    there); :class:`hpcfl.gridsum_torch.TorchGridSum` keeps them on a torch device, with the
+    same grid, the same limbs and the same bits. The grid (:meth:`reset`), the agreement on
+    limbs and the range check (:meth:`reduce`) are this class's for both.
+
     Parameters
     ----------
     length : int
@@ -247,36 +256,43 @@ class GridSum:
         self.length = int(length)
         self.starts = block_starts(self.length, spans)
         self.nblocks = len(self.starts) - 1
-        self.row = np.empty(self.length, dtype=np.float64)
-        self.lo = np.zeros(self.length, dtype=np.int64)
-        self.hi = np.zeros(self.length, dtype=np.int64)           # np.zeros: pages mapped only when written
-        self.top = np.zeros(self.length, dtype=np.int64)
-        self.bmax = np.zeros(self.nblocks, dtype=np.float64)       # this round's max |v| per block
         self.history = np.zeros(self.nblocks, dtype=np.int16)      # last round's biased exponents (0: none)
         self.grid = np.zeros(self.nblocks, dtype=np.int64)
         self.scale = np.ones(self.nblocks, dtype=np.float64)
         self.total = self.s_bits = None
         self.count = 0
         self.wire = [0, 0, 0]      # rounds that sent 1, 2, 3 limbs (for benchmarks and tests)
+        self.hi_dirty = False
+        self._allocate()
+
+    def _allocate(self) -> None:
+        """The row, the limbs and the blocks' maxima, in host memory."""
+        self.row = np.empty(self.length, dtype=np.float64)
+        self.lo = np.zeros(self.length, dtype=np.int64)
+        self.hi = np.zeros(self.length, dtype=np.int64)           # np.zeros: pages mapped only when written
+        self.top = np.zeros(self.length, dtype=np.int64)
+        self.bmax = np.zeros(self.nblocks, dtype=np.float64)       # this round's max |v| per block
         # chosen (and compiled or loaded from numba's cache) now, before any round's phases start
         self._deposit, self._convert = kernels(self.length)
-        self.hi_dirty = False
 
     def reset(self, total: int) -> None:
         """Start a round of ``total`` contributions: zero the limbs and fix the grid."""
         self.total, self.s_bits = int(total), limb_bits(total)
-        self.lo.fill(0)
-        if self.hi_dirty:       # untouched otherwise: the high limbs' pages are never mapped in
-            self.hi.fill(0)
-            self.top.fill(0)
-            self.hi_dirty = False
-        self.bmax.fill(0.0)
         self.count = 0
         e = self.history.astype(np.int64) - 1022                    # max|v| < 2**e last round
         predicted = e - (self.s_bits - HEADROOM)
         default = DEFAULT_TOP - 3 * self.s_bits
         self.grid = np.clip(np.where(self.history > 0, predicted, default), G_MIN, G_MAX)
         self.scale = np.ldexp(1.0, -self.grid)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.lo.fill(0)
+        if self.hi_dirty:       # untouched otherwise: the high limbs' pages are never mapped in
+            self.hi.fill(0)
+            self.top.fill(0)
+            self.hi_dirty = False
+        self.bmax.fill(0.0)
 
     def claim(self) -> np.ndarray:
         """The row buffer (L,) float64 to fill in place before :meth:`commit`."""
@@ -288,40 +304,43 @@ class GridSum:
             raise RuntimeError("GridSum.reset(total) must start the round")
         hmax = self._deposit(self.row, self.starts, self.scale, self.s_bits, self.lo, self.hi, self.top, self.bmax)
         if hmax != hmax:
-            self._refuse()
+            self._refuse(np.flatnonzero(~np.isfinite(self.row))[0])
         # a finite value past the range (hmax >= 2**2S) is seen by every rank in reduce()'s
         # agreed maxima, and its block's sum becomes Inf there: no rank stops alone
         self.hi_dirty |= hmax >= 1.0
         self.count += 1
 
-    def _refuse(self):
-        """Raise for the first element that is NaN or Inf."""
-        bad = np.flatnonzero(~np.isfinite(self.row))
-        raise FloatingPointError(f"a contribution holds NaN or Inf (element {bad[0]}); it cannot be summed")
+    @staticmethod
+    def _refuse(element: int):
+        """Raise for a row whose ``element`` is NaN or Inf."""
+        raise FloatingPointError(f"a contribution holds NaN or Inf (element {element}); it cannot be summed")
 
-    def add(self, row: np.ndarray) -> None:
+    def add(self, row) -> None:
         row = np.asarray(row, dtype=np.float64).reshape(-1)
         if row.shape != (self.length,):
             raise ValueError(f"row of shape {row.shape}, expected ({self.length},)")
         np.copyto(self.row, row)
         self.commit()
 
-    def reduce(self, comm, total: int, root: int | None = 0) -> np.ndarray | None:
-        """Sum over all ranks; the result on ``root`` (all ranks if root is None).
+    def reduce(self, comm, total: int, root: int | None = 0):
+        """Sum over all ranks; the result (L,) float64 on ``root`` (all ranks if root is None).
 
         Also records the blocks' largest exponents as the next round's grid history.
         """
-        from .comm import mpi_module
-
         if int(total) != self.total:
             raise ValueError(f"reduce(total={total}) after reset(total={self.total})")
         MPI = mpi_module()
         exps = self._exponents()
         comm.Allreduce(MPI.IN_PLACE, exps, op=MPI.MAX)
         limbs = self._limbs_needed(exps)
+        self._sum_limbs(comm, limbs)
+        return self._finish(exps, limbs, root is None or comm.rank == root)
+
+    def _sum_limbs(self, comm, limbs: int) -> None:
+        """``Allreduce(SUM)`` of the first ``limbs`` limbs, in place (integers: any order, the same sum)."""
+        MPI = mpi_module()
         for limb in (self.lo, self.hi, self.top)[:limbs]:
             comm.Allreduce(MPI.IN_PLACE, limb, op=MPI.SUM)
-        return self._finish(exps, limbs, root is None or comm.rank == root)
 
     def _exponents(self) -> np.ndarray:
         """Biased binary exponents of the blocks' max |v| (int16; max|v| < 2**(E - 1022), 0 for none)."""
@@ -337,7 +356,7 @@ class GridSum:
         """Blocks where some value may exceed the three limbs (|q| >= 2**(3S - 1))."""
         return (exps > 0) & (exps.astype(np.int64) - 1022 - self.grid >= 3 * self.s_bits)
 
-    def _finish(self, exps: np.ndarray, limbs: int, want: bool) -> np.ndarray | None:
+    def _finish(self, exps: np.ndarray, limbs: int, want: bool):
         """Record the grid history; the float64 sums (from limbs already summed over ranks) if ``want``."""
         self.history = exps
         self.wire[limbs - 1] += 1
@@ -345,20 +364,25 @@ class GridSum:
             self.hi_dirty = True
         if not want:
             return None
-        out = np.empty(self.length, dtype=np.float64)
-        # one rounding per element, of the exact integer sum; * 2**G is exact (G is clipped so
-        # that 2**G is a normal float). So sums that differ by a power of two stay exactly apart.
-        self._convert(self.lo, self.hi, self.top, limbs, self.s_bits, self.starts, np.ldexp(1.0, self.grid), out)
+        out = self._to_float(limbs)
         beyond = np.flatnonzero(self._beyond(exps))
         if len(beyond):
             for k in beyond:
-                out[self.starts[k]: self.starts[k + 1]] = np.inf
+                out[int(self.starts[k]): int(self.starts[k + 1])] = np.inf
             print(f"hpcfl: the exact sum's range was exceeded in {len(beyond)} block(s) from element "
                   f"{self.starts[beyond[0]]} (values more than 2**{2 * self.s_bits + HEADROOM} times the last "
                   f"round's, or above 2**{DEFAULT_TOP} in a first round); their sums are Inf", flush=True)
         return out
 
-    def _finish_local(self) -> np.ndarray:
+    def _to_float(self, limbs: int) -> np.ndarray:
+        """The summed limbs as float64, (L,): one rounding per element of the exact integer sum;
+        * 2**G is exact (G is clipped so that 2**G is a normal float), so sums that differ by a
+        power of two stay exactly apart."""
+        out = np.empty(self.length, dtype=np.float64)
+        self._convert(self.lo, self.hi, self.top, limbs, self.s_bits, self.starts, np.ldexp(1.0, self.grid), out)
+        return out
+
+    def _finish_local(self):
         """:meth:`reduce` without the collectives, on limbs and maxima already combined (tests emulate ranks)."""
         exps = self._exponents()
         return self._finish(exps, self._limbs_needed(exps), True)

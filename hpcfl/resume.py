@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .algorithms.protocol import ClientTable, ServerArray
+from .state import ClientTable, ServerArray
 
 
 def state_items(s) -> list:

@@ -1,13 +1,55 @@
-"""Per-rank runtime: device choice, torch threads, library versions."""
+"""Per-rank runtime: device choice, deterministic kernels, torch threads, the global model's
+transport between host and device, library versions."""
 
 from __future__ import annotations
 
 import os
 import platform
 
+import numpy as np
 import torch
 
 from .errors import ConfigError
+
+
+CUBLAS_CONFIG = ":4096:8"   # cuBLAS's documented setting for deterministic results with several streams
+
+
+def configure_determinism(on: bool) -> None:
+    """``runtime.deterministic``: deterministic kernels on a GPU, or torch's fastest (process-wide).
+
+    Call before CUDA is first used: cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when it starts, so
+    it is set here (a value the user exported is kept). On the CPU every kernel hpcfl uses is
+    deterministic anyway, and a CPU run's bits do not depend on this switch.
+    """
+    if on:
+        late = torch.cuda.is_initialized() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_CONFIG)
+        if late:
+            import warnings
+
+            warnings.warn(f"CUDA was started before hpcfl set CUBLAS_WORKSPACE_CONFIG={CUBLAS_CONFIG}; export it "
+                          f"before starting Python to be sure of bitwise reproducible cuBLAS results", stacklevel=2)
+    torch.use_deterministic_algorithms(on)
+    torch.backends.cudnn.deterministic = on
+    torch.backends.cudnn.benchmark = False   # its timing-based choice of kernels differs from run to run
+
+
+class NondeterministicOp(ConfigError):
+    """An operation has no deterministic kernel on this device while ``runtime.deterministic`` is on."""
+
+    MARK = "does not have a deterministic implementation"
+
+    @classmethod
+    def match(cls, exc: BaseException, where: str):
+        """The error to raise for torch's RuntimeError ``exc``, or None if it is another error."""
+        text = str(exc)
+        if not isinstance(exc, RuntimeError) or cls.MARK not in text:
+            return None
+        op = text.split(cls.MARK)[0].strip() or "an operation"
+        return cls(f"runtime.deterministic = true, but torch has no deterministic kernel for {op} ({where}): this "
+                   f"run cannot be bitwise reproducible. Set runtime.deterministic = false to run it anyway (faster "
+                   f"on a GPU, but results then differ from run to run), or use a model without that operation")
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
@@ -37,6 +79,54 @@ def pick_threads(configured: int, ranks_on_node: int) -> int:
         return configured
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(usable, (os.cpu_count() or 1) // max(1, ranks_on_node)))
+
+
+def sums_device(device: torch.device):
+    """Where the round's contributions are summed: ``device`` when it is not the CPU (the device
+    form of the exact sum, :mod:`hpcfl.gridsum_torch`), else None (the host form, compiled).
+
+    ``HPCFL_DEVICE_SUMS=1`` takes the device form on the CPU too: the GPU path's code, tested on a
+    machine without one (same bits as the host form).
+    """
+    if device.type != "cpu" or os.environ.get("HPCFL_DEVICE_SUMS") == "1":
+        return device
+    return None
+
+
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA); phase timings then count their own work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def to_host(x) -> np.ndarray:
+    """A host array of the global model: ``x`` itself when it is one, else a copy of the tensor."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+def all_finite(x) -> bool:
+    return bool(torch.isfinite(x).all()) if isinstance(x, torch.Tensor) else bool(np.isfinite(x).all())
+
+
+def bcast_model(comm, x):
+    """Rank 0's ``x`` on every rank (in place where it can be); returns the rank's ``x``.
+
+    A tensor on a device goes through the host (MPI reads host memory); one rank copies nothing.
+    """
+    if comm.size == 1:
+        return x
+    if not isinstance(x, torch.Tensor):
+        comm.Bcast(x, root=0)
+        return x
+    host = x.detach().cpu().numpy() if comm.rank == 0 else np.empty(tuple(x.shape), dtype=_numpy_dtype(x.dtype))
+    comm.Bcast(host, root=0)
+    if comm.rank != 0:
+        x.copy_(torch.from_numpy(host))
+    return x
+
+
+def _numpy_dtype(dtype: torch.dtype):
+    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 def versions() -> dict:

@@ -186,6 +186,11 @@ class RuntimeSection:
     device: str = field(default="auto", metadata={
         "choices": ("auto", "cpu", "cuda"),
         "help": "auto: cuda:<node-local rank mod GPUs> when CUDA is available, else the CPU"})
+    deterministic: bool = field(default=True, metadata={
+        "help": "bitwise reproducible on a GPU: torch's deterministic algorithms, cuDNN's deterministic "
+                "(not benchmarked) kernels and CUBLAS_WORKSPACE_CONFIG=:4096:8, set before CUDA starts; an "
+                "operation without a deterministic CUDA kernel stops the run (exit 2). false: faster on a GPU, "
+                "but results differ from run to run (README, Reproducibility); no effect on CPU results"})
     threads: int = field(default=0, metadata={
         "ge": 0, "help": "torch threads per rank; 0: cores on the node / ranks on the node"})
     dtype: str = field(default="float32", metadata={

@@ -27,17 +27,19 @@ import numpy as np
 import torch
 
 from . import rng
-from .algorithms import SCALARS, Algorithm
+from .algorithms import Algorithm
 from .algorithms.policies import epoch_steps
 from .algorithms.protocol import RoundContext
-from .client.trainer import LocalClients, Trainer, evaluate_chunks
-from .comm import Collectives, ExactSum, deal, make_sum, node_layout, owners
+from .client.trainer import LocalClients, Trainer
+from .comm import Collectives, deal, make_sum, node_layout, owners
 from .config import GuardSection
 from .control import RunControl
+from .evaluation import evaluate, train_eval_set
 from .errors import ConfigError
 from .params import FlatModel
-from .runtime import pick_device, pick_threads
-from .system.model import NO_STEPS
+from .records import REJECTED, round_records
+from .runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_device, pick_threads,
+                      sums_device, sync, to_host)
 
 
 @dataclass
@@ -73,6 +75,7 @@ def prepare(cfg, comm) -> Setup:
     from . import data, models
     from .models import pool
 
+    configure_determinism(cfg.runtime.deterministic)   # before CUDA is first touched
     local_rank, local_size = node_layout(comm)
     device = pick_device(cfg.runtime.device, local_rank)
     threads = pick_threads(cfg.runtime.threads, local_size)
@@ -134,7 +137,7 @@ def accumulator(s: Setup):
     length = s.algo.layout.length
     if s.acc is None or s.acc.length != length:
         spans = [(sl.start, sl.stop) for sl in s.algo.layout.slices.values()]
-        s.acc = make_sum(s.cfg.runtime.reduce, length, spans)
+        s.acc = make_sum(s.cfg.runtime.reduce, length, spans, sums_device(s.device))
     return s.acc
 
 
@@ -161,32 +164,6 @@ def settle_placement(s: Setup) -> None:
     s.dealt = dealt
 
 
-def evaluate(s: Setup, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = None) -> tuple[float, float]:
-    """(accuracy, mean loss) of the current model on (x, y), the same on every rank.
-
-    ``index``: evaluate on ``x[index], y[index]`` without materialising them.
-
-    A model whose outputs hold NaN or Inf on any chunk gives (NaN, inf): the loop then
-    ends the run as diverged.
-
-    Chunks of ``eval_batch_size`` samples are dealt to ranks round-robin; their counts
-    and loss sums are reduced exactly, so the result does not depend on the rank count.
-    """
-    n = x.shape[0] if index is None else int(index.numel())
-    bs = s.cfg.runtime.eval_batch_size
-    chunks = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
-    acc = ExactSum(4)
-    for row in evaluate_chunks(s.model, x, y, chunks[s.comm.rank :: s.comm.size], index):
-        # A finite model can still overflow in its forward pass (a diverging run in float32):
-        # such a chunk is counted, not summed, and every rank learns of it from the sum.
-        acc.add(np.append(row, 0.0) if np.isfinite(row).all() else np.array([0.0, 0.0, 0.0, 1.0]))
-    tot = acc.reduce(s.comm, total=len(chunks), root=None)
-    if tot[3]:
-        return float("nan"), float("inf")
-    has_accuracy = getattr(s.model.module, "loss", None) is None
-    return (tot[0] / tot[2] if has_accuracy else float("nan")), tot[1] / tot[2]
-
-
 class Stopped(Exception):
     """Raised on every rank together when a stop signal was agreed (checkpoint written)."""
 
@@ -207,8 +184,6 @@ class Diverged(Exception):
                          f"algorithm.lr, or bound the updates with guard.max_norm")
         self.round = round_
 
-
-REJECTED = 5  # /clients/dropped code of an update refused by the guard (system codes are 0-4)
 
 
 def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> RoundContext:
@@ -231,16 +206,31 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     ``sim_time`` continue a resumed run. ``control`` (hpcfl.control.RunControl) gives
     phases, guards and the stop agreement; ``checkpoint(rounds_done, x, sim_time)`` is a
     collective called at round ends when one is due, on a stop, and after the last round.
+
+    Under ``runtime.deterministic``, an operation without a deterministic kernel raises
+    :class:`hpcfl.runtime.NondeterministicOp` (a configuration error) naming it.
     """
+    try:
+        return _rounds(s, on_round, start, sim_time, x, control, checkpoint, after_round)
+    except RuntimeError as exc:
+        err = NondeterministicOp.match(exc, f"model {s.cfg.model.name!r} on {s.device}")
+        if err is None:
+            raise
+        raise err from None
+
+
+def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpoint, after_round) -> np.ndarray:
+    """The loop of :func:`run`."""
     cfg, comm, algo = s.cfg, s.comm, s.algo
     settle_placement(s)
     control = control or RunControl(comm, GuardSection(), 0.0)
     B = cfg.algorithm.batch_size
-    x = s.model.numpy() if x is None else x      # global model; authoritative on rank 0
-    comm.Bcast(x, root=0)
     collective = Collectives(comm, cfg.runtime.reduce)
     acc = accumulator(s)
-    train_eval = _train_eval_set(s) if cfg.run.eval_train else None
+    on_device = getattr(acc, "device", None) is not None   # the sums, and so the global model, live there
+    x = s.model.numpy() if x is None else x      # global model; authoritative on rank 0
+    x = bcast_model(comm, torch.from_numpy(x).to(s.device) if on_device else x)
+    train_eval = train_eval_set(s) if cfg.run.eval_train else None
     algo.setup(round_context(s, start, collective, algo.lr))
     every = cfg.checkpoint.every
     for rnd in range(start, cfg.run.rounds):
@@ -248,7 +238,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         # 1-2. cohort; weights, statistics phase, steps; what the simulated systems allow
         control.phase("decide", rnd)
         ctx = round_context(s, rnd, collective, algo.begin_round(rnd, cfg.run.rounds))
-        x0 = torch.from_numpy(x).to(s.device)
+        x0 = x if on_device else torch.from_numpy(x).to(s.device)   # read only: the server makes a new x
         ctx.clients.x0 = x0
         algo.decide(ctx)
         if s.system is not None:
@@ -260,6 +250,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
             ctx.mine = np.flatnonzero(dealt == comm.rank)
             if s.migration is not None:
                 s.migration.fetch(ctx, dealt)
+        sync(s.device)   # each phase's time is its own device work too
         t_decide = time.perf_counter()
 
         # 3-4. local training of this rank's cohort clients, one contribution row each
@@ -280,6 +271,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
                 continue
             algo.pack_into(ctx, int(j), slot, res, float(ctx.weights[j]), acc.claim())   # written where it is kept
             acc.commit()
+        sync(s.device)
         t1 = time.perf_counter()   # before any collective: waiting for slower ranks counts as reduce
         if s.migration is not None:   # guests' rows, as packing left them, go home
             s.migration.give_back(ctx)
@@ -296,6 +288,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
                 raise GuardStop("; ".join(refused))
         sums = acc.reduce(comm, total=len(ctx.cohort), root=0)
         gathered = comm.gather(records, root=0)
+        sync(s.device)
         t2 = time.perf_counter()
 
         # 6. server update and controllers on rank 0; broadcast model, server state, decisions
@@ -303,13 +296,14 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         diag, verdict = {}, None
         if comm.rank == 0:
             x, diag = algo.server_step(ctx, x, sums)
-            verdict = (bool(np.isfinite(x).all()), algo.control(ctx, sums))
+            verdict = (all_finite(x), algo.control(ctx, sums))
         finite, decisions = comm.bcast(verdict, root=0)   # one broadcast: the divergence check rides along
         if not finite:   # nothing of this round is kept; the last checkpoint stays valid
             raise Diverged(rnd + 1)
-        comm.Bcast(x, root=0)
+        x = bcast_model(comm, x)
         algo.broadcast_state(comm)
         algo.receive(decisions)
+        sync(s.device)
         t3 = time.perf_counter()
 
         # 7. evaluation (test chunks split over ranks), then rank 0 records the round
@@ -322,10 +316,11 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
                 train_acc, train_loss = evaluate(s, s.trainer.x, s.trainer.y, train_eval)
             if np.isinf(test_loss) or np.isinf(train_loss):   # the same verdict on every rank
                 raise Diverged(rnd + 1, "the global model's outputs")
+        sync(s.device)
         t4 = time.perf_counter()
 
         if comm.rank == 0:
-            metrics, clients = _round_records(algo, ctx, sums, gathered, diag)
+            metrics, clients = round_records(algo, ctx, sums, gathered, diag)
             metrics.update(test_accuracy=test_acc, test_loss=test_loss, global_train_accuracy=train_acc,
                            global_train_loss=train_loss, sim_time=sim_time, time_decide=t_decide - t0,
                            time_train=t1 - t_decide, time_reduce=t2 - t1, time_server=t3 - t2,
@@ -341,11 +336,11 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         done = rnd + 1
         if checkpoint is not None and (stop or timely or done == cfg.run.rounds or (every and done % every == 0)):
             control.phase("checkpoint", rnd)
-            checkpoint(done, x, sim_time)
+            checkpoint(done, to_host(x), sim_time)
             control.checkpointed()
         if stop:
             raise Stopped(f"stopped by {stop} after round {done} with a checkpoint")
-    return x
+    return to_host(x)
 
 
 def _local_training(s: Setup, ctx, x0: torch.Tensor):
@@ -392,52 +387,3 @@ def _granularity(s: Setup, ctx: RoundContext):
     if s.cfg.system.truncate == "step":
         return 1
     return epoch_steps(1, ctx.sizes, s.cfg.algorithm.batch_size)
-
-
-def _train_eval_set(s: Setup) -> torch.Tensor:
-    """Indices of the samples held by clients, for F(x) = sum_i p_i F_i(x) with p_i = n_i / n
-    (an index, not a copy: the training set stays on the device once): every client's
-    indices, already on the device, in sample order."""
-    return torch.sort(s.client_index).values
-
-
-def _round_records(algo, ctx, sums, gathered, diag):
-    """Round metrics (without test and timing fields) and per-client rows, on rank 0.
-
-    ``gathered``: each rank's records (cohort position, loss, ||a||_1, code, ||a||_2^2, a_{-1}).
-    The ``nova_*`` metrics are FedNova's diagnostics of the local work of the clients that
-    reported (:mod:`hpcfl.algorithms.nova_diag`), for every algorithm.
-    """
-    from .algorithms.nova_diag import nova_diagnostics
-
-    sc = dict(zip(SCALARS, algo.layout.split(sums)["scalars"]))
-    cohort, weights, plan, k = ctx.cohort, ctx.weights, ctx.plan, len(ctx.cohort)
-    done = {rec[0]: rec[1:] for part in gathered for rec in part}   # by cohort position
-    ok = {j for j, (_, _, code, _, _) in done.items() if code == 0}
-    rep = sorted(ok)
-    total_w = sc["weight"]
-    dropped = np.array(plan.reason if plan is not None else np.zeros(k), dtype=np.int8)
-    dropped[(np.asarray(ctx.steps) == 0) & (dropped == 0)] = NO_STEPS   # e.g. FedGSNR's n_opt = 0
-    dropped[[j for j in range(k) if j in done and done[j][2]]] = REJECTED
-    clients = {
-        "round": np.full(k, ctx.rnd + 1), "client": cohort, "steps": ctx.steps,
-        "weight": np.array([weights[j] / total_w if j in ok else 0.0 for j in range(k)]),
-        "train_loss": np.array([done.get(j, (np.nan,))[0] for j in range(k)]),
-        "anorm": np.array([done[j][1] if j in ok else 0.0 for j in range(k)]),
-        "anorm2": np.array([done[j][3] if j in ok else 0.0 for j in range(k)]),
-        "alast": np.array([done[j][4] if j in ok else 0.0 for j in range(k)]),
-        "sim_time": plan.total_s if plan is not None else np.zeros(k),
-        "dropped": dropped,
-    }
-    metrics = {
-        "round": ctx.rnd + 1, "train_loss": sc["weight_loss"] / total_w if total_w else float("nan"),
-        "clients_participating": len(ok), "lr": ctx.lr, "tau_eff": diag.get("tau_eff", float("nan")),
-        "sim_time_round": plan.duration_s if plan is not None else 0.0,
-    }
-    a1, a2, last = ([done[j][i] for j in rep] for i in (1, 3, 4))   # ||a||_1, ||a||_2^2, a_{-1}
-    nova = nova_diagnostics(np.asarray(weights, dtype=np.float64)[rep], np.asarray(ctx.steps)[rep], a1, a2, last)
-    metrics.update(nova.metrics())
-    extra_clients, extra_rounds = algo.records(ctx)
-    clients.update(extra_clients)
-    metrics.update(extra_rounds)
-    return metrics, clients

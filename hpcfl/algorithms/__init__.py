@@ -17,6 +17,8 @@ cohort by one exact reduction; the server reads the sums back by segment name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
@@ -117,6 +119,7 @@ class Algorithm:
         self.sampler = Sampler(a.sampling, a.clients_per_round, cfg.run.seed, static)
         self.server_opt = ServerOptimizer(a.server_lr, a.server_momentum, lr_scaled=a.server == "nova")
         self.state_length = state_length
+        self._host_view = None   # the round's device sums as host segments (see segments())
         self._lay_out()
         self.lr = a.lr
 
@@ -214,58 +217,100 @@ class Algorithm:
         """The reduction row of one trained client (see :class:`Layout`), as a new array."""
         return self.pack_into(ctx, j, slot, res, weight, np.empty(self.layout.length))
 
-    def pack_into(self, ctx: RoundContext, j: int, slot: int, res, weight: float, out: np.ndarray) -> np.ndarray:
+    def pack_into(self, ctx: RoundContext, j: int, slot: int, res, weight: float, out):
         """Write the reduction row of one trained client into ``out`` (L_row,) float64.
+
+        ``out`` is a host array (the host form of the sum, :mod:`hpcfl.gridsum`) or a tensor on
+        the training device (its device form, :mod:`hpcfl.gridsum_torch`); either way the values
+        are those of ``float64(delta) * weight``, computed where ``out`` lives, and a policy's
+        segment may be given as an array or a tensor. On the device nothing here waits for it:
+        scalars are written by ``fill_``, not copied from the host.
 
         The server rule counts ``res.adjusted`` when a policy set it (FedLGA's approximated
         full update), else the update itself; every other policy sees the real ``res.delta``.
-        The update goes from the device straight into its segment of ``out`` (converted to
-        float64 on the way) and is scaled there: no host copy of it unless a policy asks for
-        ``res.host()``. The values are those of ``float64(delta) * weight``, as always.
         """
         lay = self.layout.slices
+        on_device = isinstance(out, torch.Tensor)
+        put = _put_tensor if on_device else _put_array
         if res.adjusted is not None and not np.isfinite(res.adjusted).all():
-            out.fill(0.0)
-            out[lay["scalars"].start + SCALARS.index("nonfinite")] = 1.0
+            put(out, 0.0)
+            flag = lay["scalars"].start + SCALARS.index("nonfinite")
+            put(out[flag: flag + 1], 1.0)
             return out
         seg = out[lay["delta"]]
         if res.adjusted is not None:
-            np.copyto(seg, res.adjusted)
-        elif res._host is not None:               # a policy converted it already
+            put(seg, res.adjusted)
+        elif res._host is not None and not on_device:   # a policy converted it already
             np.copyto(seg, res._host)
-        else:
+        elif on_device:
+            seg.copy_(res.delta.detach())
+        else:   # from the device straight into the row, converted to float64 on the way
             torch.from_numpy(seg).copy_(res.delta.detach())
         self.rule.contribute_into(seg, weight, res.anorm)
         written = {"delta"}
         for p in self.policies:
             for name, value in p.pack(ctx, j, slot, res, weight).items():
-                out[lay[name]] = value
+                put(out[lay[name]], value)
                 written.add(name)
         for name, sl in lay.items():              # segments no policy filled for this client are zero
             if name not in written and name != "scalars":
-                out[sl] = 0.0
-        out[lay["scalars"]] = (weight, weight * res.steps, weight * res.anorm, weight * res.loss, 1.0, res.samples,
-                               0.0)
+                put(out[sl], 0.0)
+        values = (weight, weight * res.steps, weight * res.anorm, weight * res.loss, 1.0, res.samples, 0.0)
+        if on_device:
+            base = lay["scalars"].start
+            for i, v in enumerate(values):
+                out[base + i].fill_(v)
+        else:
+            out[lay["scalars"]] = values
         return out
 
-    def server_step(self, ctx: RoundContext, x: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, dict]:
-        """Rank 0: new global model from the reduced sums, server state, round diagnostics."""
-        seg = self.layout.split(sums)
-        s = dict(zip(SCALARS, seg["scalars"]))
+    def segments(self, sums) -> tuple[dict, dict]:
+        """(segments by name, scalars by name) of the round's reduced sums, (L_row,) float64.
+
+        Host sums give views. Device sums (a tensor, :mod:`hpcfl.gridsum_torch`) give host
+        arrays, each copied from the device once, when a policy first reads it; the same
+        object serves the round's server step, controllers and records.
+        """
+        if not isinstance(sums, torch.Tensor):
+            seg = self.layout.split(sums)
+            return seg, dict(zip(SCALARS, seg["scalars"].tolist()))
+        if self._host_view is None or self._host_view.sums is not sums:
+            self._host_view = HostSegments(self.layout, sums)
+        seg = self._host_view
+        return seg, dict(zip(SCALARS, seg["scalars"].tolist()))
+
+    def updates_on_device(self) -> bool:
+        """Whether the model update can run where device sums live: an element-wise server rule
+        (``tensors``) and no server momentum (whose buffer is host state)."""
+        return getattr(self.rule, "tensors", False) and self.server_opt.momentum == 0
+
+    def server_step(self, ctx: RoundContext, x, sums) -> tuple:
+        """Rank 0: new global model from the reduced sums, server state, round diagnostics.
+
+        ``x`` (L,) and ``sums`` (L_row,) are host arrays, or tensors on the device for device
+        sums. There the model's update runs on the device when :meth:`updates_on_device`, else
+        on host copies; every other policy reads host segments (:meth:`segments`).
+        """
+        seg, s = self.segments(sums)
         if s["nonfinite"]:             # an adjusted update overflowed: the engine stops the run as diverged
-            return np.full_like(x, np.nan), {"tau_eff": float("nan")}
+            return x * float("nan"), {"tau_eff": float("nan")}
         if s["weight"] == 0:           # nobody reported (all dropped): keep the model
             return x, {"tau_eff": float("nan")}
-        agg = self.rule.aggregate(seg["delta"], s, seg)
-        new_x = self.server_opt.apply(x, agg, self.lr)
+        if isinstance(sums, torch.Tensor) and self.updates_on_device():
+            agg = self.rule.aggregate(sums[self.layout.slices["delta"]], s, seg)
+            new_x = self.server_opt.apply(x, agg, self.lr)
+        elif isinstance(x, torch.Tensor):   # device sums, a host-only rule: on host copies, then back
+            agg = self.rule.aggregate(seg["delta"], s, seg)
+            new_x = torch.from_numpy(self.server_opt.apply(x.cpu().numpy(), agg, self.lr)).to(x.device)
+        else:
+            new_x = self.server_opt.apply(x, self.rule.aggregate(seg["delta"], s, seg), self.lr)
         for p in self.policies:
             p.server_update(ctx, seg, s)
         return new_x, {"tau_eff": self.rule.tau_eff(s)}
 
-    def control(self, ctx: RoundContext, sums: np.ndarray) -> list:
+    def control(self, ctx: RoundContext, sums) -> list:
         """Rank 0: every policy's decision for the next round (broadcast by the engine)."""
-        seg = self.layout.split(sums)
-        s = dict(zip(SCALARS, seg["scalars"]))
+        seg, s = self.segments(sums)
         return [p.control(ctx, seg, s) for p in self.policies]
 
     def receive(self, decisions: list) -> None:
@@ -289,3 +334,40 @@ class Algorithm:
             clients.update(p.client_records(ctx))
             rounds.update(p.round_records(ctx))
         return clients, rounds
+
+
+def _put_array(dst: np.ndarray, value) -> None:
+    """``dst[...] = value`` for a host row segment; a tensor value is copied (and converted) by torch."""
+    if isinstance(value, torch.Tensor):
+        torch.from_numpy(dst).copy_(value.detach())
+    else:
+        dst[...] = value
+
+
+def _put_tensor(dst: torch.Tensor, value) -> None:
+    """``dst[...] = value`` for a device row segment: a scalar by ``fill_``, an array or tensor by ``copy_``."""
+    if isinstance(value, torch.Tensor):
+        dst.copy_(value.detach())
+    elif np.ndim(value) == 0:
+        dst.fill_(float(value))
+    else:
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)))
+
+
+class HostSegments(Mapping):
+    """The reduced sums by segment name as host float64 arrays, each copied from the device on
+    first use (the delta of a model whose update runs on the device is never copied)."""
+
+    def __init__(self, layout: Layout, sums: torch.Tensor):
+        self.sums, self._slices, self._host = sums, layout.slices, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._host:
+            self._host[name] = self.sums[self._slices[name]].cpu().numpy()
+        return self._host[name]
+
+    def __iter__(self):
+        return iter(self._slices)
+
+    def __len__(self) -> int:
+        return len(self._slices)

@@ -69,6 +69,8 @@ class DynLocal(Policy):
 class DynRule(AverageRule):
     """The server side: the weighted mean of the updates minus h / alpha; h on rank 0."""
 
+    tensors = False   # h is a host array: with device sums the update runs on host copies
+
     def __init__(self, opts: DynOptions, num_params: int, num_clients: int, normalize: bool = True):
         super().__init__(num_params, normalize)
         self.alpha, self.num_clients = opts.alpha, num_clients
@@ -78,7 +80,7 @@ class DynRule(AverageRule):
         return [Segment("dyn_delta", self.num_params)]
 
     def pack(self, ctx, j, slot, res, weight):
-        return {"dyn_delta": res.host()[: self.num_params]}
+        return {"dyn_delta": res.delta[: self.num_params]}   # widened to float64 where the row lives
 
     def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
         self.h = self.h - (self.alpha / self.num_clients) * seg["dyn_delta"]

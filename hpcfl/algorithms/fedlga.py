@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+import torch
 
 from .protocol import Field, Segment, ServerArray
-from .server import AverageRule
+from .server import AverageRule, divide_
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,9 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
 class LgaRule(AverageRule):
     """The FedLGA server rule: FedAvg's weighted mean of the corrected updates.
 
+    Its correction is computed on the host (``tensors = False``): with device sums, the model's
+    update runs on host copies.
+
     Parameters
     ----------
     opts : LgaOptions
@@ -159,6 +163,8 @@ class LgaRule(AverageRule):
         "time_lga": Field(np.float64, "s", "seconds rank 0 spent computing the correction (without waiting "
                                              "in collectives)"),
     }
+
+    tensors = False
 
     def __init__(self, opts: LgaOptions, num_params: int, normalize: bool = True):
         super().__init__(num_params, normalize)
@@ -185,16 +191,16 @@ class LgaRule(AverageRule):
     def pack(self, ctx, j, slot, res, weight):
         if self._slow(ctx, j) and not self.fused:
             return {}            # a held client, packed after release with its corrected update
-        D = res.host()[: self.num_params]
         if not self._slow(ctx, j):
-            row = np.append(D * weight, weight)
-            if self.fused:
-                return {"lga_full": row}
-            self._full_rows.append(row)
+            if self.fused:   # on the device where the row lives; the same values as the host form below
+                D = res.delta[: self.num_params].double()
+                return {"lga_full": torch.cat([D * weight, D.new_full((1,), weight)])}
+            self._full_rows.append(np.append(res.host()[: self.num_params] * weight, weight))
             return {}
-        g = D / (ctx.lr * res.steps) if self.opts.grad_proxy == "avg_update" else D
-        gg = weight * g * g
-        return {"lga_gg": np.append(gg, weight), "lga_ggd": gg * D}
+        D = res.delta[: self.num_params].double()
+        g = divide_(D.clone(), ctx.lr * res.steps) if self.opts.grad_proxy == "avg_update" else D
+        gg = g.mul(weight).mul_(g)                  # (weight g) g, in the host form's order
+        return {"lga_gg": torch.cat([gg, gg.new_full((1,), weight)]), "lga_ggd": gg * D}
 
     # ---- two-reduction path: Dbar first, then the corrected slow updates ----------------
     def release(self, ctx, held) -> None:

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from ..errors import ConfigError
 from . import tau_control as tc
@@ -175,10 +176,10 @@ class GiftSteps(TauSteps):
         return own + [Segment("gift_abs", self.P)]
 
     def pack(self, ctx, j, slot, res, weight) -> dict:
-        u = res.host()[: self.P]        # the real update (buffers are averaged but not pooled)
-        out = {"gift_abs": weight * np.abs(u)}
+        u = res.delta[: self.P].double()        # the real update (buffers are averaged but not pooled)
+        out = {"gift_abs": torch.abs(u).mul_(weight)}
         if self.own_sum:
-            out["gift_sum"] = weight * u
+            out["gift_sum"] = u * weight        # not in place: for a float64 model, u is delta itself
         return out
 
     def decide(self, ctx, seg, sc) -> tuple[int, str]:

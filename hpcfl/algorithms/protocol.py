@@ -48,55 +48,9 @@ from typing import Callable
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Field:
-    """A recorded quantity: numpy dtype, unit (``"1"`` for dimensionless), one-line description.
-
-    ``summary`` ("median" or "mean") asks the results writer to also store, at the end of
-    the run, that statistic over rounds for every client (``/clients_summary/<name>_<summary>``).
-    """
-
-    dtype: type
-    unit: str
-    description: str
-    summary: str | None = None
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A named slice of the training reduction buffer, ``length`` float64 values per client.
-
-    The owning policy fills it for each trained client in :meth:`Policy.pack`; the server
-    reads the cohort sum under the same name.
-    """
-
-    name: str
-    length: int
-
-
-@dataclass
-class ClientTable:
-    """Per-client state rows on the owning rank: ``get() -> (clients on rank, width)`` array.
-
-    ``set(rows)`` loads rows (same shape) on restore. ``width`` is per client.
-
-    A table that can follow its client to another rank for a round (balanced placement)
-    also gives ``reserve(n)`` (room for n guest rows in slots ``home .. home + n - 1``),
-    ``rows(slots) -> (m, width)`` and ``put(slots, rows)``; :class:`RowTable` has all of them.
-    """
-
-    name: str
-    width: int
-    get: Callable[[], np.ndarray]
-    set: Callable[[np.ndarray], None]
-    reserve: Callable[[int], None] | None = None
-    rows: Callable[[np.ndarray], np.ndarray] | None = None
-    put: Callable[[np.ndarray, np.ndarray], None] | None = None
-
-    @property
-    def movable(self) -> bool:
-        return self.reserve is not None and self.rows is not None and self.put is not None
+# The state and record declarations live below both the algorithms and the engine's transport
+# (hpcfl.state); policies import them from here as before.
+from ..state import ClientTable, Field, Segment, ServerArray  # noqa: F401
 
 
 class RowTable:
@@ -141,20 +95,6 @@ class RowTable:
 
         return ClientTable(name, self.width, lambda: self.tensor()[: self.home].detach().cpu().numpy(), set_home,
                            self.reserve, rows, put)
-
-
-@dataclass
-class ServerArray:
-    """Server-side state held on rank 0: ``get() -> array or None`` (None: not started yet).
-
-    ``broadcast``: every rank needs it each round (SCAFFOLD's c), so the engine broadcasts
-    it after each server step and on restore.
-    """
-
-    name: str
-    get: Callable[[], np.ndarray | None]
-    set: Callable[[np.ndarray], None]
-    broadcast: bool = False
 
 
 @dataclass

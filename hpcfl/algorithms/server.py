@@ -23,8 +23,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from .protocol import Policy
+
+
+def divide_(x, d: float):
+    """``x /= d`` in place, correctly rounded wherever ``x`` lives.
+
+    A CUDA tensor divided by a Python number is multiplied by its reciprocal instead (torch's
+    shortcut, up to one ulp off); a 0-dim tensor on the device (filled there: nothing waits)
+    makes torch divide. On the host, numpy and torch divide.
+    """
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        return x.div_(torch.full((), d, dtype=x.dtype, device=x.device))
+    x /= d
+    return x
+
+
+def _copy(x):
+    return x.clone() if isinstance(x, torch.Tensor) else x.copy()
 
 
 class AverageRule(Policy):
@@ -36,14 +54,18 @@ class AverageRule(Policy):
     def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
         return self.contribute_into(np.array(delta, dtype=np.float64), weight, anorm)
 
-    def contribute_into(self, out: np.ndarray, weight: float, anorm: float) -> np.ndarray:
-        """``out`` (L,) float64 holds the update; turn it into this client's contribution in place."""
+    def contribute_into(self, out, weight: float, anorm: float):
+        """``out`` (L,) float64 (array or tensor) holds the update; turn it into this client's
+        contribution in place."""
         out *= weight
         return out
 
-    def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
-        """The aggregate update from the cohort sums (``seg``: every reduced segment, by name)."""
-        return delta_sum / (s["weight"] if self.normalize else 1.0)
+    tensors = True   # aggregate() also takes the delta sum as a tensor (element-wise: it runs on the device)
+
+    def aggregate(self, delta_sum, s: dict, seg: dict | None = None):
+        """The aggregate update from the cohort sums (``seg``: every reduced segment, by name);
+        ``delta_sum`` (L,) float64 is a host array or a device tensor, and is not changed."""
+        return divide_(_copy(delta_sum), s["weight"] if self.normalize else 1.0)
 
     def tau_eff(self, s: dict) -> float:
         """The implicit tau_eff = sum p ||a||_1 (Wang et al. 2020, eqs. 5-6), for diagnostics."""
@@ -81,9 +103,9 @@ class NovaRule(Policy):
     def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
         return self.contribute_into(np.array(delta, dtype=np.float64), weight, anorm)
 
-    def contribute_into(self, out: np.ndarray, weight: float, anorm: float) -> np.ndarray:
+    def contribute_into(self, out, weight: float, anorm: float):
         out *= weight
-        out[: self.num_params] /= anorm
+        divide_(out[: self.num_params], anorm)
         return out
 
     def tau_eff(self, s: dict) -> float:
@@ -92,8 +114,10 @@ class NovaRule(Policy):
         num = s["weight_anorm"] if self.mode == "anorm" else s["weight_steps"]
         return num / s["weight"]
 
-    def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:
-        agg = delta_sum / (s["weight"] if self.normalize else 1.0)
+    tensors = True
+
+    def aggregate(self, delta_sum, s: dict, seg: dict | None = None):
+        agg = divide_(_copy(delta_sum), s["weight"] if self.normalize else 1.0)
         agg[: self.num_params] *= self.tau_eff(s)
         return agg
 
@@ -108,6 +132,8 @@ class ServerOptimizer:
     def apply(self, x: np.ndarray, agg: np.ndarray, client_lr: float = 1.0) -> np.ndarray:
         """New model from the current one ``x`` and the aggregate update ``agg`` (float64, this
         round's own array: it is used as the work buffer and overwritten)."""
+        if self.momentum == 0 and isinstance(agg, torch.Tensor):   # device sums: the same on the device
+            return agg.mul_(self.lr).add_(x).to(x.dtype)
         if self.momentum == 0:  # no buffer: exactly x + lr * agg (beta = 0 is bit-exact plain FedNova)
             # in place, with x widened element by element as astype would: the same sum, the same
             # bits, without two fresh (L,) float64 arrays (VGG-11: 0.25 s a round of page faults)

@@ -75,7 +75,7 @@ class Scaffold(_Variates):
 
     def pack(self, ctx, j, slot, res, weight):
         dc = self.update(slot, res.delta[: self.num_params], res.anorm, ctx.lr)
-        return {self.segment: dc.double().cpu().numpy()}
+        return {self.segment: dc.double()}      # stays on the device: the row is written there
 
     def server_update(self, ctx, seg, scalars):
         c = self.c.double().cpu().numpy() + seg[self.segment] / self.num_clients
@@ -136,7 +136,7 @@ class VarianceReduction(_Variates):
     def pack(self, ctx, j, slot, res, weight):
         old, new = self.update(slot, res.delta[: self.num_params], res.anorm, ctx.lr)
         # The difference of the stored rows, so that the sums telescope to sum_j p_j h_j as stored.
-        return {self.segment: weight * (new.double() - old.double()).cpu().numpy()}
+        return {self.segment: (new.double() - old.double()).mul_(weight)}
 
     def server_update(self, ctx, seg, scalars):
         # ctx.weights covers every client (checked in statistics): the total static weight

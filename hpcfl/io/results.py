@@ -80,7 +80,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ..algorithms.protocol import Field
+from ..state import Field
 from ..errors import HpcflError
 
 F64, I64 = np.float64, np.int64
