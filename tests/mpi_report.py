@@ -8,6 +8,10 @@ the end, every line prefixed with ``[rank R/N]``, so a failure seen only on that
 still shown. Output that bypasses the terminal reporter (pytest-timeout's stack dumps, MPI
 aborts) is untouched.
 
+A test that fails on some ranks only would leave the others waiting in its collectives (or in
+the next test's) until the timeout: so under MPI a failing test prints its report to stderr,
+prefixed with its rank, and calls ``MPI_Abort``, which ends every rank at once with a failure.
+
 The rank comes from the launcher's environment (MPICH/Intel MPI hydra: PMI_RANK/PMI_SIZE,
 Open MPI: OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, MVAPICH: MV2_COMM_WORLD_RANK/SIZE);
 only with ``--with-mpi`` and none of those set is mpi4py asked. A plain ``python -m pytest``
@@ -43,9 +47,13 @@ def rank_and_size(config) -> tuple[int, int]:
     return 0, 1
 
 
+_WORLD = {}   # rank and size under MPI (set in pytest_configure), for the abort on failure
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter is registered
 def pytest_configure(config):
     rank, size = rank_and_size(config)
+    _WORLD.update(rank=rank, size=size, mpi=config.getoption("with_mpi", default=False))
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     tw = getattr(reporter, "_tw", None)
     if size <= 1 or rank == 0 or not hasattr(tw, "_file"):
@@ -54,6 +62,19 @@ def pytest_configure(config):
     tw._file = buf  # the reporter's own writer: keeps its width and markup settings
     reporter.isatty = type(reporter.isatty)(False)  # no "\r" rewrites into the buffer
     config.stash[_STATE] = {"rank": rank, "size": size, "buf": buf, "session": None}
+
+
+def pytest_runtest_logreport(report):
+    """Under MPI with several ranks: a failed test ends every rank, its report shown (see module doc)."""
+    if not report.failed or _WORLD.get("size", 1) <= 1 or not _WORLD.get("mpi"):
+        return
+    prefix = f"[rank {_WORLD['rank']}/{_WORLD['size']}] "
+    text = f"{report.nodeid} failed ({report.when}) on this rank; aborting every rank:\n{report.longreprtext}"
+    sys.stderr.write("".join(f"{prefix}{line}\n" for line in text.split("\n")))
+    sys.stderr.flush()
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Abort(1)
 
 
 def pytest_sessionstart(session):

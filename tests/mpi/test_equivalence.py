@@ -129,6 +129,25 @@ def test_world_run_is_bitwise_identical_to_one_rank(case):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("case", ["fedavg", "scaffold", "fedgsnr", "fedlga_rank1", "fedlga_B_alg1_diag_fused",
+                                  "feddyn_straggler", "fednova_vr_momentum"])
+def test_device_sums_on_the_world_equal_host_sums_on_one_rank(case, monkeypatch):
+    """The GPU path's round (rows, exact sum and model on the training device; HPCFL_DEVICE_SUMS=1 runs it
+    on CPU tensors) over the world's ranks, against the host path on one rank: bitwise."""
+    comm = MPI.COMM_WORLD
+    table = job(**CASES[case])
+    monkeypatch.delenv("HPCFL_DEVICE_SUMS", raising=False)
+    ref = run_memory(table, MPI.COMM_SELF) if comm.rank == 0 else None
+    comm.Barrier()
+    monkeypatch.setenv("HPCFL_DEVICE_SUMS", "1")
+    x, metrics, clients = run_memory(table, comm)
+    if comm.rank == 0:
+        assert x.tobytes() == ref[0].tobytes(), f"{case}: final model differs"
+        for m, r in zip(metrics, ref[1]):
+            assert same(list(m.values()), list(r.values())), f"{case}: metrics differ"
+
+
+@pytest.mark.mpi(min_size=2)
 def test_placements_agree_with_each_other():
     comm = MPI.COMM_WORLD
     a = run_memory(job(**{"runtime.placement": "block"}), comm)
