@@ -204,8 +204,9 @@ class RuntimeSection:
                 "block (contiguous) or round_robin (client i on rank i mod R); results do not depend on it"})
     vectorize: str = field(default="auto", metadata={
         "choices": ("auto", "off", "on"),
-        "help": "auto: batched groups for models with a closed-form batched gradient (quadratic, logreg), else one "
-                "client at a time; on: train a rank's clients in batched groups (one forward/backward for many "
+        "help": "auto: batched groups for models with a closed-form batched gradient (quadratic, logreg) and, on a "
+                "GPU, for every model that vmaps (LeNet-5, VGG without batch norm, MLPs), else one client at a "
+                "time; on: train a rank's clients in batched groups (one forward/backward for many "
                 "clients; pays for tiny models such as the quadratic, logreg and small MLPs); results equal the sequential loop's "
                 "within float rounding and are bitwise the same on any number of ranks; models it cannot take "
                 "(batch norm, dropout, augmentation) are refused with the reason"})

@@ -66,6 +66,13 @@ def add_parser(sub) -> None:
                    help="run the two sides in one process per layout (and repeat), the bare loop's round r right "
                         "after the engine's, and print the median of the per-round ratios: on a machine whose "
                         "speed drifts, the steadiest comparison (start-up and peak memory are then the process's)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="both sides' device (default auto: the engine's choice, cuda:<node-local rank> where "
+                        "CUDA is available); the bare loop keeps its data, model and float64 update sum there, "
+                        "and both sides' phase times wait for the device")
+    p.add_argument("--bare-vmap", action="store_true",
+                   help="the bare loop trains each round's clients as one vmapped computation (torch.func), the "
+                        "hand-written counterpart of runtime.vectorize = 'on'")
     p.add_argument("--out", help="folder for the JSON figures (default: a temporary folder, removed)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per process (default 3600)")
 
@@ -94,7 +101,8 @@ def _command(side: str, a, ranks: int, threads: int, path: str) -> list[str]:
     for o in a.overrides:
         args += ["--set", o]
     if side in ("bare", "both"):
-        args += ["--layers", a.bare_layers]
+        args += ["--layers", a.bare_layers] + (["--vmap"] if a.bare_vmap else [])
+    args += ["--device", a.device]
     if ranks == 1:
         return [sys.executable, "-m", "hpcfl.bench.side", *args]
     mpiexec = shutil.which("mpiexec")
@@ -114,7 +122,8 @@ def summarize(fig: dict) -> dict:
     steps = sum(r["steps"] for r in rows)   # every rank's steps in the steady rounds (both sides record them)
     return {"s_per_round": per_round, "phases": {k: sum(r[k] for r in rows) / n for k in phases},
             "startup_s": fig["startup_s"], "peak_rss_mb": max(fig["peak_rss_mb"]), "total_steps": fig["total_steps"],
-            "accuracy": fig["rounds"][-1]["accuracy"],
+            "accuracy": fig["rounds"][-1]["accuracy"], "device": fig.get("device", "cpu"),
+            "vmap": bool(fig.get("vmap") or fig.get("vectorize")),
             "steps_per_s": steps / (per_round * n) if per_round > 0 else float("nan")}
 
 
@@ -148,7 +157,8 @@ def median_run(runs: list[dict]) -> dict:
 def _line(name: str, s: dict) -> str:
     ph = " ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
     return (f"  {name:<6} {s['s_per_round']:8.3f} s/round ({ph})  {s['steps_per_s']:8.1f} steps/s  "
-            f"start-up {s['startup_s']:5.1f} s  peak {s['peak_rss_mb']:7.0f} MB/rank  acc {s['accuracy']:.4f}")
+            f"start-up {s['startup_s']:5.1f} s  peak {s['peak_rss_mb']:7.0f} MB/rank  acc {s['accuracy']:.4f}"
+            f"  [{s.get('device', 'cpu')}{', vmapped' if s.get('vmap') else ''}]")
 
 
 def main(a, comm) -> int:

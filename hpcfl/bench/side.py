@@ -40,10 +40,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # kB on Linux
 
 
-def run_engine(job: dict, comm, threads: int, after_round=None) -> dict:
+def run_engine(job: dict, comm, threads: int, after_round=None, device: str = "auto") -> dict:
     from .. import config, simulation
 
-    job = dict(job, runtime=dict(job.get("runtime", {}), threads=threads))
+    job = dict(job, runtime=dict(job.get("runtime", {}), threads=threads, device=device))
     cfg = config.from_dict(job)
     s = simulation.prepare(cfg, comm)
     rounds = []
@@ -57,7 +57,8 @@ def run_engine(job: dict, comm, threads: int, after_round=None) -> dict:
 
     t_loop = time.time()
     simulation.run(s, on_round=on_round, after_round=after_round)
-    return {"t_loop": t_loop, "rounds": rounds, "vectorize": s.block is not None, "dealt": s.dealt}
+    return {"t_loop": t_loop, "rounds": rounds, "vectorize": s.block is not None, "dealt": s.dealt,
+            "device": str(s.device)}
 
 
 def main(argv=None) -> int:
@@ -73,6 +74,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", required=True)
     ap.add_argument("--layers", choices=("torch", "zoo"), default="torch", help="the bare loop's layers")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="both sides' device: auto is the engine's choice (cuda:<node-local rank> when there is one)")
+    ap.add_argument("--vmap", action="store_true", help="the bare loop trains a round's clients vmapped")
     a = ap.parse_args(argv)
 
     import torch
@@ -84,20 +88,29 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     comm = world()
     job = apply_overrides(workload(a.workload, a.rounds), a.overrides)
+    from ..comm import node_layout
+    from ..runtime import configure_determinism, pick_device
+
+    # the engine's device and determinism for both sides: the bare loop does the same work where the engine does
+    configure_determinism(bool(job.get("runtime", {}).get("deterministic", True)))
+    device = str(pick_device(a.device, node_layout(comm)[0]))
     out = bare = None
     if a.side == "hpcfl":
-        out = run_engine(job, comm, a.threads)
+        out = run_engine(job, comm, a.threads, device=a.device)
     elif a.side == "bare":
         from .bare import run_bare
-        bare = run_bare(job, comm, layers=a.layers)
+        bare = run_bare(job, comm, layers=a.layers, device=device, vmap=a.vmap)
         bare.pop("final")
     else:
         from .bare import bare_rounds
-        rounds = bare_rounds(job, comm, layers=a.layers)
+        rounds = bare_rounds(job, comm, layers=a.layers, device=device, vmap=a.vmap)
         next(rounds)   # set up before the engine, so that both sides' rounds start warm
         bare = {"rounds": []}
-        out = run_engine(job, comm, a.threads, after_round=lambda rnd: bare["rounds"].append(next(rounds)))
+        out = run_engine(job, comm, a.threads, after_round=lambda rnd: bare["rounds"].append(next(rounds)),
+                         device=a.device)
         bare["t_loop"] = out["t_loop"]
+    if bare is not None:
+        bare.update(device=device, vmap=a.vmap)
     rss = comm.gather(peak_rss_mb(), root=0)
     if bare is not None:   # each rank counted its own steps; the engine's records already hold every rank's
         per_round = comm.gather([r["steps"] for r in bare["rounds"]], root=0)

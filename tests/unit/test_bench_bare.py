@@ -45,3 +45,15 @@ def test_torch_layers_change_no_bit():
     a = run_bare(tiny(), MPI.COMM_SELF, layers="torch")
     b = run_bare(tiny(), MPI.COMM_SELF, layers="zoo")
     assert np.array_equal(a["final"].view(np.int32), b["final"].view(np.int32))
+
+
+def test_the_vmapped_bare_loop_trains_the_same_model():
+    """``--bare-vmap``: a round's clients as one vmap(grad) computation on padded batches, the same
+    batches and SGD steps as the loop one client at a time, so the same model within float32 rounding."""
+    a = run_bare(tiny(), MPI.COMM_SELF)
+    b = run_bare(tiny(), MPI.COMM_SELF, vmap=True)
+    start = run_bare(dict(tiny(), run={**tiny()["run"], "rounds": 1}), MPI.COMM_SELF)
+    moved = np.abs(a["final"] - start["final"]).max()
+    assert moved > 1e-3
+    assert np.abs(a["final"] - b["final"]).max() < 1e-4 * max(1.0, moved)
+    assert [r["steps"] for r in a["rounds"]] == [r["steps"] for r in b["rounds"]]

@@ -222,3 +222,37 @@ def test_fused_quadratic_step_by_hand():
     (res,) = bt.train(torch.zeros(2, dtype=D), [(torch.tensor([0, 1]), 1, torch.Generator())], SolverSpec(lr=0.5), 0.5)
     assert res.delta.tolist() == [1.0, -0.5]
     assert res.loss == (0.5 * 5 + 0.5 * 25) / 2
+
+
+def test_auto_picks_blocks_by_rule_vmapped_models_on_a_gpu(monkeypatch, capsys):
+    """runtime.vectorize = 'auto': on the CPU blocks only for closed-form models (logreg, the quadratic);
+    on a GPU for every model that vmaps (an MLP, LeNet-5), never for dropout; a GPU's group size
+    leaves three quarters of its memory (4 model copies per client)."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    from hpcfl import config, simulation
+    from hpcfl.client import block as blk
+    from runner import job
+
+    def setup(device, model="mlp", augment=None):
+        table = job()
+        if model != "mlp":
+            table["model"] = {"name": model}
+        s = simulation.prepare(config.from_dict(dict(table, runtime={**table["runtime"], "vectorize": "off"})),
+                               MPI.COMM_SELF)
+        s.model.device = torch.device(device)   # the rule reads the device kind only
+        return blk.choose_block_trainer(config.from_dict(table), MPI.COMM_SELF, s.model, augment,
+                                        s.algo.solver.spec, s.trainer.x, s.trainer.y), s.model
+
+    assert setup("cpu")[0] is None
+    assert setup("cpu", "logreg")[0] is not None
+    memory = {"total": 80 * 2**30}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=memory["total"]))
+    b, model = setup("cuda")
+    assert b is not None and b.group_size == blk.GROUP_SIZE == 64
+    assert "vmaps, on cuda; up to 64 clients a group" in capsys.readouterr().out
+    memory["total"] = 4 * 4 * model.num_params * 4 * 10    # room for 10 clients' 4 copies in a quarter
+    assert setup("cuda")[0].group_size == 10
+    assert setup("cuda", augment=lambda xb, gen: xb)[0] is None   # per-sample randomness: not vmapped
