@@ -270,7 +270,7 @@ def stats_sample(n: int, batch: int, gen: torch.Generator) -> torch.Tensor:
     batch : int
         B, the requested number of per-sample gradients.
     gen : torch.Generator
-        The client's keyed generator (CPU); one ``randperm`` draw per call.
+        The client's keyed generator (on the training device); one ``randperm`` draw per call.
 
     Returns
     -------
@@ -280,4 +280,4 @@ def stats_sample(n: int, batch: int, gen: torch.Generator) -> torch.Tensor:
     """
     if n < 0 or batch < 0:
         raise ValueError(f"n and batch must be non-negative, got {n}, {batch}")
-    return torch.randperm(n, generator=gen)[:batch]
+    return torch.randperm(n, generator=gen, device=gen.device)[:batch]

@@ -9,9 +9,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from hpcfl import config
 from hpcfl.results import load
+
+# runtime.device = "auto": the node's first GPU where there is one (every rank of a one-GPU node shares it)
+DEVICE = "cuda:0" if torch.cuda.is_available() else "cpu"
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL_JOB = """
@@ -70,7 +74,7 @@ def test_results_schema(finished):
         assert config.from_dict(cfg).digest() == f.attrs["config_sha256"]
         versions = json.loads(f.attrs["versions"])
         assert {"hpcfl", "torch", "numpy", "h5py", "mpi4py", "mpi"} <= set(versions)
-        assert f.attrs["world_size"] == 1 and json.loads(f.attrs["devices"]) == ["cpu"] and f.attrs["seed"] == 5
+        assert f.attrs["world_size"] == 1 and json.loads(f.attrs["devices"]) == [DEVICE] and f.attrs["seed"] == 5
         m = f["metrics"]
         expected = {"round", "train_loss", "test_accuracy", "test_loss", "clients_participating",
                     "global_train_loss", "global_train_accuracy", "lr", "tau_eff", "sim_time", "sim_time_round",
@@ -202,6 +206,6 @@ def test_more_ranks_than_clients_is_a_clear_error(tmp_path):
 def test_info_lists_ranks_devices_and_versions():
     p = hpcfl("info", ranks=2, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "ranks: 2" in p.stdout and "rank 1:" in p.stdout and "device cpu" in p.stdout
+    assert "ranks: 2" in p.stdout and "rank 1:" in p.stdout and f"device {DEVICE}," in p.stdout
     assert "mpi: MPICH" in p.stdout and "torch:" in p.stdout
     assert "cpu pooling kernels: C, " in p.stdout and "/kernels/pool-" in p.stdout   # this machine has gcc

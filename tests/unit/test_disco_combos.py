@@ -25,7 +25,7 @@ def test_scaffold_control_variate_does_not_depend_on_disco_weights():
                                       "algorithm.disco.a": a, "algorithm.disco.b": b, "run.rounds": 1}))
         s = simulation.prepare(cfg, MPI.COMM_SELF)
         simulation.run(s)
-        return s.algo.extras[0].c.numpy().copy()
+        return s.algo.extras[0].c.cpu().numpy().copy()
 
     assert server_c(0.5, 0.1).tobytes() == server_c(2.0, 0.0).tobytes()
 

@@ -72,7 +72,7 @@ class Tape(Policy):
         self.x, self.clients = [], []
 
     def statistics(self, ctx):
-        self.x.append(ctx.clients.x0.double().numpy().copy())
+        self.x.append(ctx.clients.x0.double().cpu().numpy().copy())
         self.clients.append({})
 
     def pack(self, ctx, j, slot, res, weight):
