@@ -12,7 +12,8 @@ int64 limbs the moment it is packed:
    has a grid exponent ``G_k`` that every rank knows before the round (:meth:`GridSum.reset`);
 2. a contribution ``v`` is rounded once, ``q = rint(v * 2**-G_k)`` (held within
    ``+-2**(3S - 1)``, which changes only values past the range, whose block sums to Inf
-   anyway, and keeps every limb an int64 in every form), and split exactly into limbs of S bits, ``q = l + h * 2**S + t * 2**2S`` (truncating divisions);
+   anyway, and keeps every limb an int64 in every form), and split exactly into limbs of S
+   bits, ``q = l + h * 2**S + t * 2**2S`` (truncating divisions);
    ``lo += l`` in one fused pass with no temporaries, and ``hi += h``, ``top += t`` in a
    second pass only when some |q| reaches ``2**S``;
 3. at the end of the round ``Allreduce(MAX)`` of the blocks' largest exponents (about

@@ -34,8 +34,8 @@ from .client.trainer import LocalClients, Trainer
 from .comm import Collectives, deal, make_sum, node_layout, owners
 from .config import GuardSection
 from .control import RunControl
-from .evaluation import evaluate, train_eval_set
 from .errors import ConfigError
+from .evaluation import evaluate, train_eval_set
 from .params import FlatModel
 from .records import REJECTED, round_records
 from .runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_device, pick_threads,
@@ -183,7 +183,6 @@ class Diverged(Exception):
         super().__init__(f"{what} became NaN or Inf in round {round_} (diverged); the run stopped there: lower "
                          f"algorithm.lr, or bound the updates with guard.max_norm")
         self.round = round_
-
 
 
 def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> RoundContext:

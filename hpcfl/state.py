@@ -77,5 +77,3 @@ class ServerArray:
     get: Callable[[], np.ndarray | None]
     set: Callable[[np.ndarray], None]
     broadcast: bool = False
-
-

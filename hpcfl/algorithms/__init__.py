@@ -273,11 +273,11 @@ class Algorithm:
         """
         if not isinstance(sums, torch.Tensor):
             seg = self.layout.split(sums)
-            return seg, dict(zip(SCALARS, seg["scalars"].tolist()))
-        if self._host_view is None or self._host_view.sums is not sums:
-            self._host_view = HostSegments(self.layout, sums)
-        seg = self._host_view
-        return seg, dict(zip(SCALARS, seg["scalars"].tolist()))
+        else:
+            if self._host_view is None or self._host_view.sums is not sums:
+                self._host_view = HostSegments(self.layout, sums)
+            seg = self._host_view
+        return seg, dict(zip(SCALARS, seg["scalars"]))   # numpy scalars, as policies have always seen them
 
     def updates_on_device(self) -> bool:
         """Whether the model update can run where device sums live: an element-wise server rule
