@@ -41,7 +41,8 @@ if has suite; then
 fi
 
 if has bitwise; then
-  W="${WJOB:-jobs/bench_w.toml} --set run.rounds=4 --set run.eval_every=2 --set runtime.progress=none --force"
+  # one torch thread on every rank: CPU kernels round differently at other thread counts (README, Reproducibility)
+  W="${WJOB:-jobs/bench_w.toml} --set run.rounds=4 --set run.eval_every=2 --set runtime.threads=1 --set runtime.progress=none --force"
   same() { "$PY" - "$@" <<'EOF'
 import sys
 import numpy as np
