@@ -18,7 +18,7 @@ PARTS=${PARTS:-suite bitwise bench}
 PY=${PY:-python3}
 JOBS=${JOBS:-$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))}
 mkdir -p "$OUT"
-TABLE="$OUT/table.txt"
+TABLE=${TABLE:-$OUT/table.txt}
 : > "$TABLE"
 row() { printf '%-58s %s\n' "$1" "$2" | tee -a "$TABLE"; }
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
