@@ -279,12 +279,23 @@ def job_text(job, overrides: list[str]) -> str:
 
     table = config.read_job(job)
     sweep = table.pop("sweep") if isinstance(table.get("sweep"), dict) else None
-    cfg = config.from_dict(config.apply_overrides(table, overrides))
+    notes: list[str] = []
+    table = config.apply_overrides(table, overrides, notes)
+    missing = [name for name in ("data", "model") if name not in table]
+    try:
+        cfg = config.from_dict(table)
+    except config.ConfigError as exc:
+        if missing:
+            raise config.ConfigError(config.missing_tables(job, missing) + exc.problems) from None
+        raise
+    if missing:
+        raise config.ConfigError(config.missing_tables(job, missing))
     names = name_choices()
     lines = [f"# {job}, fully resolved by `hpcfl config`: every key with its default filled in.",
              "# Valid TOML: save it as a job file and edit. Keys marked (unset) are commented out.",
              f"# config digest (config_sha256 in results.h5): {cfg.digest()}"]
     lines += [f"# --set {text}" for text in overrides]
+    lines += [f"# note: {note}" for note in notes + config.start_notes(cfg)]
     for name, obj, doc in resolved_tables(cfg):
         lines += table_lines(name, obj, doc, names)
     text = "\n".join(lines) + "\n"
