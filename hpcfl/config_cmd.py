@@ -3,7 +3,7 @@
 ::
 
     hpcfl config JOB [--set K=V ...]     # the resolved job: valid TOML, every key with its help
-    hpcfl config --defaults              # the sections and components there are
+    hpcfl config --defaults              # every section's and component's keys, after their list
     hpcfl config --defaults SECTION      # one table's keys: default, type or choices, help
 
 The printed job holds every section and the chosen components' sub-tables with every
@@ -73,7 +73,8 @@ def add_parser(sub) -> None:
                    help="override a config key, e.g. --set algorithm.lr=0.05 (repeatable)")
     p.add_argument("--defaults", nargs="?", const="", metavar="SECTION",
                    help="list the keys of SECTION (algorithm, system, data.dirichlet, model.mlp, algorithm.gsnr, "
-                        "...) with default, type and help; without SECTION, list the sections and components")
+                        "...) with default, type and help; without SECTION, the list of sections and components "
+                        "followed by every one's keys")
 
 
 def main(args, comm) -> int:
@@ -185,8 +186,8 @@ def value_text(value) -> str:
 def defaults_text(section: str) -> str:
     """The keys of one table with default, type or choices, and help; '' lists the tables."""
     cat = tables()
-    if not section:
-        return catalogue_text(cat)
+    if not section:   # the whole reference: the list, then every table's keys
+        return catalogue_text(cat) + "".join("\n" + defaults_text(name) for name in cat)
     if section not in cat:
         raise HpcflError(f"unknown section {section!r} for --defaults; {_suggest(section, list(cat))}\n\n"
                          + catalogue_text(cat))
