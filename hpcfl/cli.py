@@ -338,7 +338,10 @@ def cmd_info(args, comm) -> int:
 
 
 def cmd_partition(args, comm) -> int:
+    import dataclasses
+
     from . import config, data
+    from .analysis import words
     from .data.preview import heatmap_png, summary
 
     if comm.rank != 0:
@@ -357,7 +360,9 @@ def cmd_partition(args, comm) -> int:
     png = Path(args.png or f"{Path(args.job).stem}_partition.png")
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
     try:
-        heatmap_png(counts, png, f"{cfg.data.dataset}: {cfg.data.partition}, {len(parts)} clients", log=args.log)
+        split = words.partition_words(cfg.data.partition, dataclasses.asdict(cfg.partition_options),
+                                      dataclasses.asdict(type(cfg.partition_options)()))
+        heatmap_png(counts, png, f"{cfg.data.dataset}: {split}, {len(parts)} clients", log=args.log)
     except OSError as exc:
         print(f"--png {png} cannot be written ({exc.strerror or exc}); choose a path in a writable directory",
               file=sys.stderr)
