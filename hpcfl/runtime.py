@@ -28,11 +28,12 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
 
 
 # A model with fewer parameters than this trains on one torch thread per rank when
-# runtime.threads = 0. Measured with bench/threads_bench.py (figures in docs/performance.md):
-# on the 2-core machine, one SGD step of every model up to LeNet-5, the keyword LSTM and
-# FedLGA's 318k-parameter MLP took longer on two threads than on one, 7-33x longer when other
-# processes kept the cores busy (the threads wait on each other), and at best about even on idle
-# cores; VGG-11 and ResNet-18 (about 10M) gain from the second thread on idle cores.
+# runtime.threads = 0. Measured with bench/threads_bench.py (docs/performance.md, "Torch
+# threads"): one SGD step of the quickstart's MLP, LeNet-5, the keyword LSTM and FedLGA's
+# 318k-parameter MLP took 7-33x longer on two threads than on one while other processes kept
+# the two cores busy (the threads wait on each other), and gained 0-26% on two idle cores;
+# VGG-11 and ResNet-18 (about 10M) took 0.58x and 0.50x the time on two idle cores. A small
+# model gains little where the cores are free and loses much where they are not.
 SMALL_MODEL_PARAMS = 1_000_000
 
 
