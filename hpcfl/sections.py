@@ -185,8 +185,9 @@ class RuntimeSection:
         "choices": ("auto", "cpu", "cuda"),
         "help": "auto: cuda:<node-local rank mod GPUs> when CUDA is available, else the CPU"})
     threads: int = field(default=0, metadata={
-        "ge": 0, "help": "torch threads per rank; 0: 1 for a model under 1M parameters (a second thread loses there, "
-                         "badly on busy cores), else cores on the node / ranks on the node"})
+        "ge": 0, "help": "torch threads per rank; 0: 1 for a model under 1M parameters (a second thread gains at "
+                         "most a quarter there on idle cores and costs 7-33x on busy ones), else cores on the node "
+                         "/ ranks on the node"})
     dtype: str = field(default="float32", metadata={
         "choices": ("float32", "float64"),
         "help": "floating-point precision of the model, the data and training"})
