@@ -101,7 +101,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     Only reads: every path and ownership problem is raised here, before the job's data
     is loaded and long before anything is moved or written (see :func:`_commit`).
     """
-    from . import config
+    from . import config, notices
     from .io import results, rundir
     from .io.checkpoint import CheckpointStore
 
@@ -134,7 +134,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
                          f"--out, or pass --force to set the old run aside and start over")
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
-    said = [f"resuming with {config.describe_changes(old, cfg, changed)} (safe to change)"] if changed else []
+    said = [f"resuming with {notices.describe_changes(old, cfg, changed)} (safe to change)"] if changed else []
     if state == "diverged":   # resuming would only diverge again
         return Plan("diverged", run_id, ckpt_dir, None, [
             f"{path} ended diverged in round {results.diverged_round(path)}; nothing to do (pass --force to "
@@ -178,7 +178,7 @@ def _commit(cfg, out: Path, plan: Plan):
 
 
 def cmd_run(args, comm) -> int:
-    from . import config, resume, signals, simulation
+    from . import config, notices, resume, signals, simulation
     from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, RunControl
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
@@ -235,7 +235,7 @@ def cmd_run(args, comm) -> int:
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{comm.size} rank(s), device {setup.device}, {setup.threads} thread(s)/rank{auto}; startup "
               f"{time.perf_counter() - t_start:.1f} s", flush=True)
-        for note in (*cfg.notes, *config.start_notes(cfg), *setup.algo.notes):
+        for note in (*cfg.notes, *notices.start_notes(cfg), *setup.algo.notes):
             print(f"hpcfl: note: {note}", flush=True)
         accuracy = getattr(setup.model.module, "loss", None) is None   # the quadratic has a loss, no accuracy
         progress = Progress(cfg.run.rounds, cfg.runtime.progress, accuracy=accuracy, start=start)

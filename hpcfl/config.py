@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
+from .notices import missing_tables
 from .options import build, build_partial
 from .algorithms import registry
 # The sections live in hpcfl/sections.py; re-exported here, where callers have always found them.
@@ -298,39 +299,6 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent), notes=tuple(notes))
 
 
-def missing_tables(path, missing: list[str]) -> list[str]:
-    """The problem of a job file without [data] or [model] (none when ``missing`` is empty)."""
-    if not missing:
-        return []
-    example = {"data": 'dataset = "digits"', "model": 'name = "mlp"'}
-    return [f"job file {str(path)!r} has no {' and no '.join(f'[{m}]' for m in missing)} table: a job names its "
-            f"data and model ({'; '.join(f'[{m}] {example[m]}' for m in missing)}; see jobs/quickstart.toml) "
-            f"instead of running on the defaults"]
-
-
-def start_notes(cfg: Config) -> list[str]:
-    """What a run of ``cfg`` should say before it starts, because the job leaves it implicit.
-
-    - a step lr schedule given as fractions of ``run.rounds``: the rounds they resolve to
-      (``--set run.rounds=100`` on a 1000-round job moves them);
-    - FedLGA with no client ever cut short: then it is FedAvg with uniform weights.
-    """
-    from .algorithms import milestone_rounds
-
-    a, notes = cfg.algorithm, []
-    if a.lr_schedule == "step" and a.lr_milestone_rounds is None:
-        at = milestone_rounds(a.lr_schedule, a.lr_milestones, None, cfg.run.rounds)
-        notes.append(f"the lr is multiplied by {a.lr_gamma:g} after round{'s' if len(at) > 1 else ''} "
-                     f"{', '.join(map(str, at))}: algorithm.lr_milestones {list(a.lr_milestones)} are fractions of "
-                     f"run.rounds = {cfg.run.rounds} (algorithm.lr_milestone_rounds fixes them in rounds)")
-    deadline = cfg.system is not None and cfg.system.enabled and cfg.system.deadline_s is not None
-    if a.server == "lga" and a.steps != "straggler" and not deadline:
-        notes.append("FedLGA corrects the updates of clients cut short, and in this job none is (steps = "
-                     f"{a.steps!r}, no [system] deadline): it runs as FedAvg with {a.weights} weights. Give it slow "
-                     "clients with algorithm.steps = 'straggler' ([algorithm.straggler]) or a system.deadline_s")
-    return notes
-
-
 def flatten(d: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}."""
     out = {}
@@ -395,14 +363,6 @@ def _defaults() -> dict:
             (("run", RunSection), ("algorithm", AlgorithmSection), ("runtime", RuntimeSection),
              ("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
              ("results", ResultsSection))}
-
-
-def describe_changes(old: dict, new: Config, keys: list[str]) -> str:
-    """``run.rounds 10 -> 12, runtime.threads 0 -> 1``: changed keys with the stored and the new value."""
-    a, b = flatten(old), flatten(new.to_dict())
-    defaults = flatten(_defaults())
-    show = lambda d, k: json.dumps(d.get(k, defaults.get(k)))   # noqa: E731  (stored jobs omit unset keys)
-    return ", ".join(f"{k} {show(a, k)} -> {show(b, k)}" for k in keys)
 
 
 def is_safe_change(key: str) -> bool:

@@ -275,7 +275,7 @@ def table_lines(name: str, obj, doc: str, names: dict) -> list[str]:
 
 def job_text(job, overrides: list[str]) -> str:
     """The resolved job as commented TOML; raises ConfigError for a bad job, HpcflError if it cannot be written."""
-    from . import config
+    from . import config, notices
     from .sweep import toml_document
 
     table = config.read_job(job)
@@ -287,16 +287,16 @@ def job_text(job, overrides: list[str]) -> str:
         cfg = config.from_dict(table)
     except config.ConfigError as exc:
         if missing:
-            raise config.ConfigError(config.missing_tables(job, missing) + exc.problems) from None
+            raise config.ConfigError(notices.missing_tables(job, missing) + exc.problems) from None
         raise
     if missing:
-        raise config.ConfigError(config.missing_tables(job, missing))
+        raise config.ConfigError(notices.missing_tables(job, missing))
     names = name_choices()
     lines = [f"# {job}, fully resolved by `hpcfl config`: every key with its default filled in.",
              "# Valid TOML: save it as a job file and edit. Keys marked (unset) are commented out.",
              f"# config digest (config_sha256 in results.h5): {cfg.digest()}"]
     lines += [f"# --set {text}" for text in overrides]
-    lines += [f"# note: {note}" for note in notes + config.start_notes(cfg)]
+    lines += [f"# note: {note}" for note in notes + notices.start_notes(cfg)]
     for name, obj, doc in resolved_tables(cfg):
         lines += table_lines(name, obj, doc, names)
     text = "\n".join(lines) + "\n"

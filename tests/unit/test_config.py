@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hpcfl import config
+from hpcfl import config, notices
 from hpcfl.errors import ConfigError
 
 BASE = {
@@ -244,18 +244,18 @@ def test_fedprox_runs_with_the_papers_mu_unless_the_job_gives_one():
 def test_start_notes_name_the_lr_drop_rounds_and_a_fedlga_without_slow_clients():
     step = with_(["algorithm"], {"name": "fedavg", "lr_schedule": "step", "lr_milestones": [0.6, 0.9]},
                  with_(["run", "rounds"], 100))
-    assert config.start_notes(config.from_dict(step)) == [
+    assert notices.start_notes(config.from_dict(step)) == [
         "the lr is multiplied by 0.1 after rounds 60, 90: algorithm.lr_milestones [0.6, 0.9] are fractions of "
         "run.rounds = 100 (algorithm.lr_milestone_rounds fixes them in rounds)"]
     step["algorithm"]["lr_milestone_rounds"] = [60, 90]
-    assert config.start_notes(config.from_dict(step)) == []
-    (lga,) = config.start_notes(config.from_dict(with_(["algorithm", "name"], "fedlga")))
+    assert notices.start_notes(config.from_dict(step)) == []
+    (lga,) = notices.start_notes(config.from_dict(with_(["algorithm", "name"], "fedlga")))
     assert "it runs as FedAvg with uniform weights" in lga and "steps = 'straggler'" in lga
-    assert config.start_notes(config.from_dict(with_(["algorithm"], {"name": "fedlga", "steps": "straggler"}))) == []
+    assert notices.start_notes(config.from_dict(with_(["algorithm"], {"name": "fedlga", "steps": "straggler"}))) == []
 
 
 def test_describe_changes_gives_the_stored_and_the_new_value():
     old = config.from_dict(BASE).to_dict()
     new = config.from_dict(with_(["runtime", "threads"], 1, with_(["run", "rounds"], 12)))
-    assert config.describe_changes(old, new, ["run.rounds", "runtime.threads"]) == \
+    assert notices.describe_changes(old, new, ["run.rounds", "runtime.threads"]) == \
         "run.rounds 3 -> 12, runtime.threads 0 -> 1"
