@@ -32,7 +32,8 @@ def summary(res: Results) -> str:
              f"{data.get('dataset', '?')} ({data.get('partition', '?')}), {data.get('num_clients', '?')} clients, "
              f"model {cfg.get('model', {}).get('name', '?')}, {attrs.get('world_size', '?')} rank(s)",
              f"  {attrs.get('status', 'running')}: {done} of {run.get('rounds', '?')} rounds"]
-    for name, word, best in (("test_accuracy", "test accuracy", np.nanargmax), ("test_loss", "test loss", np.nanargmin)):
+    for name, word, best in (("test_accuracy", "test accuracy", np.nanargmax),
+                             ("test_loss", "test loss", np.nanargmin)):
         v = np.asarray(res.metrics.get(name, ()), dtype=np.float64)
         if np.isfinite(v).any():
             ok = np.flatnonzero(np.isfinite(v))

@@ -19,8 +19,8 @@ round rank 0 sets tau* = argmin_tau G(tau) (:func:`hpcfl.algorithms.afl_bound.af
 with eta the client lr, c the seconds per local iteration and b the seconds of
 communication per round (from the simulated clock's trial rounds, else ``compute_s`` and
 ``comm_s``; with both unset, c = 1 and b = tau0: time counted in local iterations, a round at
-tau0 half computing and half communicating), and the budget R = ``budget_s`` (default: the whole run at tau0,
-rounds x (c tau0 + b)). Losses are the model's training loss without weight decay,
+tau0 half computing and half communicating), and the budget R = ``budget_s`` (default: the
+whole run at tau0, rounds x (c tau0 + b)). Losses are the model's training loss without weight decay,
 measured in eval mode (dropout off, batch norm on running statistics).
 """
 
