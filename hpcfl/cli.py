@@ -26,7 +26,10 @@ EXIT_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="hpcfl", description="MPI simulator for federated learning")
+    p.add_argument("--version", action="version", version=f"hpcfl {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a job file (under mpiexec for several ranks)")
     r.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
@@ -37,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="start over: set the results and checkpoints in --out aside (deleted once the new run "
                         "has written its first checkpoint)")
     r.add_argument("--allow-change", action="append", default=[], metavar="KEY",
-                   help="resume although KEY (one that is safe to change, e.g. run.rounds) differs (repeatable)")
+                   help="accepted and no longer needed: keys that are safe to change (run.rounds, runtime.threads, "
+                        "...) change on resume without it, and the run says which")
     sub.add_parser("info", help="ranks, devices, MPI library and versions")
     pt = sub.add_parser("partition", help="preview a job's client partition without training")
     pt.add_argument("job")
@@ -97,7 +101,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     Only reads: every path and ownership problem is raised here, before the job's data
     is loaded and long before anything is moved or written (see :func:`_commit`).
     """
-    from . import config
+    from . import config, notices
     from .io import results, rundir
     from .io.checkpoint import CheckpointStore
 
@@ -128,12 +132,9 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     if unsafe:
         raise HpcflError(f"{out} holds results of a different job (differs in {', '.join(unsafe)}); choose another "
                          f"--out, or pass --force to set the old run aside and start over")
-    unnamed = [k for k in changed if k not in args.allow_change]
-    if unnamed:
-        raise HpcflError(f"resuming {out} with changed {', '.join(unnamed)}: these are safe to change; confirm with "
-                         + " ".join(f"--allow-change {k}" for k in unnamed))
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
+    said = [f"resuming with {notices.describe_changes(old, cfg, changed)} (safe to change)"] if changed else []
     if state == "diverged":   # resuming would only diverge again
         return Plan("diverged", run_id, ckpt_dir, None, [
             f"{path} ended diverged in round {results.diverged_round(path)}; nothing to do (pass --force to "
@@ -141,7 +142,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     if store is None:
         return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting at round 1"])
     loaded = store.load_latest()
-    notes = [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
+    notes = said + [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
     if loaded is None:
         return Plan("fresh", run_id, ckpt_dir, notes=notes + [f"no valid checkpoint in {ckpt_dir}; starting at "
                                                               f"round 1"])
@@ -177,7 +178,7 @@ def _commit(cfg, out: Path, plan: Plan):
 
 
 def cmd_run(args, comm) -> int:
-    from . import config, resume, signals, simulation
+    from . import config, notices, resume, signals, simulation
     from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, RunControl
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
@@ -229,10 +230,15 @@ def cmd_run(args, comm) -> int:
         writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
                                metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
         history = metric_rows(out / "results.h5") if mode == "resume" else []
-        progress = Progress(cfg.run.rounds, cfg.runtime.progress)
+        auto = " (runtime.threads = 0: one for a model under 1M parameters)" if not cfg.runtime.threads \
+            and setup.threads == 1 else ""
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
-              f"{comm.size} rank(s), device {setup.device}, {setup.threads} thread(s)/rank; startup "
+              f"{comm.size} rank(s), device {setup.device}, {setup.threads} thread(s)/rank{auto}; startup "
               f"{time.perf_counter() - t_start:.1f} s", flush=True)
+        for note in (*cfg.notes, *notices.start_notes(cfg), *setup.algo.notes):
+            print(f"hpcfl: note: {note}", flush=True)
+        accuracy = getattr(setup.model.module, "loss", None) is None   # the quadratic has a loss, no accuracy
+        progress = Progress(cfg.run.rounds, cfg.runtime.progress, accuracy=accuracy, start=start)
 
     def on_round(metrics, clients):
         try:
@@ -295,6 +301,7 @@ def cmd_run(args, comm) -> int:
         resumable = isinstance(exc, simulation.Stopped)
         if comm.rank == 0:
             writer.close()
+            progress.close()
             what = "resumable: run the same command again to continue" if resumable else "stopped by the guard"
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
         _exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
@@ -342,7 +349,10 @@ def cmd_info(args, comm) -> int:
 
 
 def cmd_partition(args, comm) -> int:
+    import dataclasses
+
     from . import config, data
+    from .analysis import words
     from .data.preview import heatmap_png, summary
 
     if comm.rank != 0:
@@ -361,7 +371,9 @@ def cmd_partition(args, comm) -> int:
     png = Path(args.png or f"{Path(args.job).stem}_partition.png")
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
     try:
-        heatmap_png(counts, png, f"{cfg.data.dataset}: {cfg.data.partition}, {len(parts)} clients", log=args.log)
+        split = words.partition_words(cfg.data.partition, dataclasses.asdict(cfg.partition_options),
+                                      dataclasses.asdict(type(cfg.partition_options)()))
+        heatmap_png(counts, png, f"{cfg.data.dataset}: {split}, {len(parts)} clients", log=args.log)
     except OSError as exc:
         print(f"--png {png} cannot be written ({exc.strerror or exc}); choose a path in a writable directory",
               file=sys.stderr)

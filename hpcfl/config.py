@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
-from .options import build
+from .notices import missing_tables
+from .options import build, build_partial
 from .algorithms import registry
 # The sections live in hpcfl/sections.py; re-exported here, where callers have always found them.
 from .sections import (LOCAL_SOLVERS, POLICY_SLOTS, PRESETS, RUN_NAME, SAMPLING, SERVER_RULES,  # noqa: F401
@@ -30,7 +31,7 @@ from .sections import (LOCAL_SOLVERS, POLICY_SLOTS, PRESETS, RUN_NAME, SAMPLING,
 
 SWEEP_REFUSED = "this job declares a [sweep]; run it with `hpcfl sweep JOB` (or remove the [sweep] table)"
 
-# Keys that may differ between a checkpoint's job and the resuming job (with --allow-change).
+# Keys that may differ between a checkpoint's job and the resuming job; the run names them when it resumes.
 SAFE_TO_CHANGE = ("run.rounds", "run.eval_every", "runtime.progress", "runtime.threads", "runtime.device",
                   "runtime.placement", "runtime.eval_batch_size", "data.cache", "checkpoint.", "watchdog.", "results.")
 
@@ -54,6 +55,7 @@ class Config:
     watchdog: WatchdogSection = WatchdogSection()
     results: ResultsSection = ResultsSection()
     job_dir: str | None = None       # where relative paths (system.trace) resolve; not part of the job
+    notes: tuple[str, ...] = ()      # what reading the job decided for the user (--set dropped a table); not the job
 
     def to_dict(self) -> dict:
         """A JSON-ready dict that round-trips through :func:`from_dict`."""
@@ -99,9 +101,18 @@ def parse_override(text: str) -> tuple[list[str], object]:
     return path, value
 
 
-def apply_overrides(table: dict, overrides: list[str]) -> dict:
-    """Apply ``--set`` overrides to a parsed job (returns a new dict)."""
+def apply_overrides(table: dict, overrides: list[str], notes: list[str] | None = None) -> dict:
+    """Apply ``--set`` overrides to a parsed job (returns a new dict).
+
+    An override that changes which component is chosen (``data.partition``,
+    ``data.dataset``, ``model.name``, an algorithm slot or preset) drops the sub-table of
+    the component it replaces, e.g. ``[data.dirichlet]`` after ``--set
+    data.partition=pareto``, and says so in ``notes`` (when given): the old table's
+    options cannot apply to the new component.
+    """
+    before = chosen_tables(table)
     table = json.loads(json.dumps(table))
+    set_paths = []
     for text in overrides:
         path, value = parse_override(text)
         node = table
@@ -110,7 +121,45 @@ def apply_overrides(table: dict, overrides: list[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {'.'.join(path[:-1])} is a value, not a section")
         node[path[-1]] = value
+        set_paths.append(".".join(path))
+    after = chosen_tables(table)
+    for sub in sorted(before - after):
+        section, name = sub.split(".", 1)
+        if not isinstance(table.get(section), dict) or name not in table[section]:
+            continue
+        if any(p == sub or p.startswith(sub + ".") for p in set_paths):
+            continue                       # the same overrides fill it: keep it
+        del table[section][name]
+        if notes is not None:
+            why = [text for text, p in zip(overrides, set_paths) if p.split(".")[0] == section
+                   and p.count(".") == 1 and p.split(".")[1] in SELECTORS]
+            notes.append(f"[{sub}] is left out: after --set {', --set '.join(why) or ' '.join(overrides)} no chosen "
+                         f"component reads it")
     return table
+
+
+SELECTORS = ("dataset", "partition", "name") + POLICY_SLOTS   # keys that choose a component
+
+
+def chosen_tables(table: dict) -> set[str]:
+    """The component sub-tables a parsed job's choices read ("data.dirichlet", "model.mlp",
+    "algorithm.gsnr"), resolved as :func:`from_dict` resolves presets and defaults."""
+    def section(name):
+        v = table.get(name)
+        return v if isinstance(v, dict) else {}
+
+    out = set()
+    data, model, alg = section("data"), section("model"), section("algorithm")
+    for key, default in (("dataset", DataSection.dataset), ("partition", DataSection.partition)):
+        if isinstance(data.get(key, default), str):
+            out.add(f"data.{data.get(key, default)}")
+    if isinstance(model.get("name", ModelSection.name), str):
+        out.add(f"model.{model.get('name', ModelSection.name)}")
+    preset = PRESETS.get(alg.get("name", "fedavg"), {}) if isinstance(alg.get("name", "fedavg"), str) else {}
+    slots = {**preset, **{k: alg[k] for k in POLICY_SLOTS if k in alg}}
+    slots.setdefault("steps", "fixed" if alg.get("local_steps") else "epochs")
+    out |= {f"algorithm.{v}" for v in slots.values() if isinstance(v, str) and v in registry.OPTIONS}
+    return out
 
 
 def read_job(path: str | Path) -> dict:
@@ -150,7 +199,12 @@ def _component(kind: str, name: str, subs: dict, where: str, problems: list[str]
 
 
 def from_dict(table: dict) -> Config:
-    """Validate a parsed job and build the :class:`Config`; raises ConfigError listing every problem."""
+    """Validate a parsed job and build the :class:`Config`; raises ConfigError listing every problem.
+
+    One pass finds every problem: a section with a bad key is still built from its valid
+    keys (defaults for the rest), so its components and the checks across sections run
+    too; only checks that read a refused value wait until it is fixed.
+    """
     problems: list[str] = []
     known = {"run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog", "results"}
     for k, v in table.items():
@@ -164,18 +218,20 @@ def from_dict(table: dict) -> Config:
 
     run = build(RunSection, t.get("run"), "run", problems)
     data_plain, data_subs = _split(t.get("data"), DataSection)
-    data = build(DataSection, data_plain, "data", problems)
+    data, data_bad = build_partial(DataSection, data_plain, "data", problems)
     model_plain, model_subs = _split(t.get("model"), ModelSection)
-    model = build(ModelSection, model_plain, "model", problems)
+    model, model_bad = build_partial(ModelSection, model_plain, "model", problems)
     alg_table, alg_subs = _split(t.get("algorithm"), AlgorithmSection)
     preset = alg_table.get("name", "fedavg")
-    for slot, value in PRESETS.get(preset, {}).items():
+    for slot, value in (PRESETS.get(preset, {}) if isinstance(preset, str) else {}).items():
         alg_table.setdefault(slot, value)
     alg_table.setdefault("local", "sgd")
     alg_table.setdefault("weights", "size")
     alg_table.setdefault("server", "average")
     alg_table.setdefault("steps", "fixed" if alg_table.get("local_steps") else "epochs")
-    algorithm = build(AlgorithmSection, alg_table, "algorithm", problems)
+    if alg_table["local"] == "prox":      # FedProx runs without a mu of its own: the papers' 0.01
+        alg_table.setdefault("mu", registry.PROX_MU)
+    algorithm, alg_bad = build_partial(AlgorithmSection, alg_table, "algorithm", problems)
     runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
     from .system import SystemOptions
 
@@ -184,34 +240,36 @@ def from_dict(table: dict) -> Config:
              (("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
               ("results", ResultsSection))}
     policy_options = {}
-    if algorithm is not None:
-        chosen = {slot: getattr(algorithm, slot) for slot in POLICY_SLOTS}
-        for name in alg_subs:
-            if name not in chosen.values() or name not in registry.OPTIONS:
-                problems.append(f"[algorithm.{name}] is given but no chosen policy of that name takes options "
-                                f"({', '.join(f'{k} = {v!r}' for k, v in chosen.items())}); rename or drop it")
-        for slot, name in chosen.items():
-            if name in registry.OPTIONS:
-                opts = build(registry.OPTIONS[name], alg_subs.get(name), f"algorithm.{name}", problems)
-                if opts is not None:
-                    policy_options[slot] = opts
+    chosen = {slot: getattr(algorithm, slot) for slot in POLICY_SLOTS if slot not in alg_bad}
+    for name in alg_subs:
+        if len(chosen) == len(POLICY_SLOTS) and (name not in chosen.values() or name not in registry.OPTIONS):
+            problems.append(f"[algorithm.{name}] is given but no chosen policy of that name takes options "
+                            f"({', '.join(f'{k} = {v!r}' for k, v in chosen.items())}); rename or drop it")
+    for slot, name in chosen.items():
+        if name in registry.OPTIONS:
+            opts = build(registry.OPTIONS[name], alg_subs.get(name), f"algorithm.{name}", problems)
+            if opts is not None:
+                policy_options[slot] = opts
 
     dataset_options = partition_options = model_options = None
-    if data is not None:
+    if "dataset" not in data_bad:
         dataset_options = _component("dataset", data.dataset, data_subs, "data", problems)
+    if "partition" not in data_bad:
         partition_options = _component("partition", data.partition, data_subs, "data", problems)
+    if not data_bad & {"dataset", "partition"}:
         for name in data_subs:
             if name not in (data.dataset, data.partition):
                 problems.append(
                     f"[data.{name}] is given but data.dataset = {data.dataset!r} and data.partition = "
                     f"{data.partition!r}; rename the table or choose that component"
                 )
-    if model is not None:
+    if "name" not in model_bad:
         model_options = _component("model", model.name, model_subs, "model", problems)
         for name in model_subs:
             if name != model.name:
                 problems.append(f"[model.{name}] is given but model.name = {model.name!r}; rename the table")
-    if data is not None and algorithm is not None and algorithm.clients_per_round > data.num_clients:
+    if "num_clients" not in data_bad and "clients_per_round" not in alg_bad \
+            and algorithm.clients_per_round > data.num_clients:
         problems.append(
             f"algorithm.clients_per_round = {algorithm.clients_per_round} exceeds data.num_clients = "
             f"{data.num_clients}; lower it (0 means all clients)"
@@ -223,9 +281,22 @@ def from_dict(table: dict) -> Config:
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a job file, apply ``--set`` overrides and validate."""
-    cfg = from_dict(apply_overrides(read_job(path), overrides or []))
-    return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent))
+    """Read a job file, apply ``--set`` overrides and validate.
+
+    The job must name its data and model: a file without ``[data]`` or ``[model]`` (an
+    empty one, say) is refused rather than run on the defaults. What the overrides decided
+    (a component table left out) is in ``Config.notes``.
+    """
+    notes: list[str] = []
+    table = apply_overrides(read_job(path), overrides or [], notes)
+    missing = [name for name in ("data", "model") if name not in table]
+    try:
+        cfg = from_dict(table)
+    except ConfigError as exc:
+        raise ConfigError(missing_tables(path, missing) + exc.problems) from None
+    if missing:
+        raise ConfigError(missing_tables(path, missing))
+    return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent), notes=tuple(notes))
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -3,7 +3,7 @@
 ::
 
     hpcfl config JOB [--set K=V ...]     # the resolved job: valid TOML, every key with its help
-    hpcfl config --defaults              # the sections and components there are
+    hpcfl config --defaults              # every section's and component's keys, after their list
     hpcfl config --defaults SECTION      # one table's keys: default, type or choices, help
 
 The printed job holds every section and the chosen components' sub-tables with every
@@ -73,7 +73,8 @@ def add_parser(sub) -> None:
                    help="override a config key, e.g. --set algorithm.lr=0.05 (repeatable)")
     p.add_argument("--defaults", nargs="?", const="", metavar="SECTION",
                    help="list the keys of SECTION (algorithm, system, data.dirichlet, model.mlp, algorithm.gsnr, "
-                        "...) with default, type and help; without SECTION, list the sections and components")
+                        "...) with default, type and help; without SECTION, the list of sections and components "
+                        "followed by every one's keys")
 
 
 def main(args, comm) -> int:
@@ -185,8 +186,8 @@ def value_text(value) -> str:
 def defaults_text(section: str) -> str:
     """The keys of one table with default, type or choices, and help; '' lists the tables."""
     cat = tables()
-    if not section:
-        return catalogue_text(cat)
+    if not section:   # the whole reference: the list, then every table's keys
+        return catalogue_text(cat) + "".join("\n" + defaults_text(name) for name in cat)
     if section not in cat:
         raise HpcflError(f"unknown section {section!r} for --defaults; {_suggest(section, list(cat))}\n\n"
                          + catalogue_text(cat))
@@ -274,17 +275,28 @@ def table_lines(name: str, obj, doc: str, names: dict) -> list[str]:
 
 def job_text(job, overrides: list[str]) -> str:
     """The resolved job as commented TOML; raises ConfigError for a bad job, HpcflError if it cannot be written."""
-    from . import config
+    from . import config, notices
     from .sweep import toml_document
 
     table = config.read_job(job)
     sweep = table.pop("sweep") if isinstance(table.get("sweep"), dict) else None
-    cfg = config.from_dict(config.apply_overrides(table, overrides))
+    notes: list[str] = []
+    table = config.apply_overrides(table, overrides, notes)
+    missing = [name for name in ("data", "model") if name not in table]
+    try:
+        cfg = config.from_dict(table)
+    except config.ConfigError as exc:
+        if missing:
+            raise config.ConfigError(notices.missing_tables(job, missing) + exc.problems) from None
+        raise
+    if missing:
+        raise config.ConfigError(notices.missing_tables(job, missing))
     names = name_choices()
     lines = [f"# {job}, fully resolved by `hpcfl config`: every key with its default filled in.",
              "# Valid TOML: save it as a job file and edit. Keys marked (unset) are commented out.",
              f"# config digest (config_sha256 in results.h5): {cfg.digest()}"]
     lines += [f"# --set {text}" for text in overrides]
+    lines += [f"# note: {note}" for note in notes + notices.start_notes(cfg)]
     for name, obj, doc in resolved_tables(cfg):
         lines += table_lines(name, obj, doc, names)
     text = "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ each naming its full key (``data.dirichlet.alpha``) and the fix.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 
@@ -120,34 +121,50 @@ def build(cls, table: dict | None, where: str, problems: list[str] | None = None
     cls instance, or None when problems were found and ``problems`` was given.
     """
     own: list[str] = []
-    table = dict(table or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for key in table:
-        if key not in fields:
-            valid = ", ".join(sorted(fields)) or "(none)"
-            own.append(f"unknown key {where}.{key}; valid keys here: {valid}")
-    kwargs = {}
-    for name, f in fields.items():
-        if name not in table:
-            continue
-        try:
-            kwargs[name] = _coerce(table[name], hints[name])
-        except TypeError:
-            own.append(
-                f"{where}.{name} = {table[name]!r} has the wrong type; expected "
-                f"{_type_name(hints[name])}"
-            )
-            continue
-        own += check_value(f"{where}.{name}", kwargs[name], f.metadata)
-    obj = None
-    if not own:
-        obj = cls(**kwargs)
-        if hasattr(obj, "validate"):
-            own += [f"{where}: {msg}" if not msg.startswith(where) else msg for msg in obj.validate()]
+    obj, _failed = build_partial(cls, table, where, own)
     if problems is not None:
         problems += own
         return None if own else obj
     if own:
         raise ConfigError(own)
     return obj
+
+
+def build_partial(cls, table: dict | None, where: str, problems: list[str]) -> tuple[object, set[str]]:
+    """Build ``cls`` from the valid keys of ``table``, appending every problem to ``problems``.
+
+    Returns ``(obj, failed)``: ``obj`` holds the valid keys and the defaults of the rest (so
+    that checks across sections can still run), ``failed`` names the fields whose value
+    was refused (a wrong type, range or choice; unknown keys are problems but fail no
+    field). ``validate()`` runs on ``obj`` too; its messages that name a failed field are
+    dropped, since they would only restate that field's own problem against a default.
+    """
+    table = dict(table or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in table:
+        if key not in fields:
+            valid = ", ".join(sorted(fields)) or "(none)"
+            problems.append(f"unknown key {where}.{key}; valid keys here: {valid}")
+    kwargs, failed = {}, set()
+    for name, f in fields.items():
+        if name not in table:
+            continue
+        try:
+            value = _coerce(table[name], hints[name])
+        except TypeError:
+            problems.append(f"{where}.{name} = {table[name]!r} has the wrong type; expected {_type_name(hints[name])}")
+            failed.add(name)
+            continue
+        found = check_value(f"{where}.{name}", value, f.metadata)
+        if found:
+            problems += found
+            failed.add(name)
+        else:
+            kwargs[name] = value
+    obj = cls(**kwargs)
+    if hasattr(obj, "validate"):
+        mentions = re.compile(r"\b(" + "|".join(map(re.escape, sorted(failed))) + r")\b") if failed else None
+        problems += [f"{where}: {msg}" if not msg.startswith(where) else msg for msg in obj.validate()
+                     if mentions is None or not mentions.search(msg)]
+    return obj, failed

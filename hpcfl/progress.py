@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 
 import numpy as np
 
@@ -11,17 +12,32 @@ import numpy as np
 class Progress:
     """One concise line per round, or a self-updating bar on a terminal.
 
+    Each round shows the train loss, the test accuracy (the test loss for a model without
+    an accuracy, e.g. the quadratic; ``-`` in a round without evaluation), the clients,
+    tau for the steps policies that adapt it (GIFT, AdaComm, AFL), the round's seconds,
+    and the elapsed time with an estimate of the time left.
+
     Parameters
     ----------
     rounds : int
     mode : {"auto", "bar", "line", "none"}
         "auto" is "bar" when stdout is a terminal, else "line".
+    accuracy : bool
+        False for a model without an accuracy: the column is then the test loss in every
+        round, evaluated or not.
+    start : int
+        Rounds already done (a resumed run): the estimate counts only this session's rounds.
     """
 
-    def __init__(self, rounds: int, mode: str = "auto"):
-        self.rounds = rounds
+    def __init__(self, rounds: int, mode: str = "auto", accuracy: bool = True, start: int = 0):
+        self.rounds, self.accuracy, self.start = rounds, accuracy, start
         self.mode = ("bar" if sys.stdout.isatty() else "line") if mode == "auto" else mode
         self.best = float("nan")
+        self.t0 = time.perf_counter()
+        self.open = False      # a bar line is on screen without its newline
+        self.out = sys.stdout
+        if self.mode == "bar":   # anything else printed while the bar is open starts on a line of its own
+            sys.stdout, sys.stderr = _AfterBar(sys.stdout, self), _AfterBar(sys.stderr, self)
 
     def update(self, m: dict) -> None:
         if self.mode == "none":
@@ -29,26 +45,66 @@ class Progress:
         acc = m["test_accuracy"]
         if not math.isnan(acc):
             self.best = acc if math.isnan(self.best) else max(self.best, acc)
-        acc_s = f"{acc:.4f}" if not math.isnan(acc) else "  -   "
-        if math.isnan(acc) and not math.isnan(m["test_loss"]):   # a model without accuracy
-            test = f"test_loss {m['test_loss']:.4f}"
-        else:
-            test = f"test_acc {acc_s}"
+        name, value = ("test_acc", acc) if self.accuracy else ("test_loss", m["test_loss"])
+        test = f"{name} {value:.4f}" if not math.isnan(value) else f"{name}   -   "
         r = m["round"]
+        tau = f"  tau {m['tau_used']}" if "tau_used" in m else ""
+        elapsed = time.perf_counter() - self.t0
+        left = elapsed / max(1, r - self.start) * (self.rounds - r)
         text = (f"round {r:>{len(str(self.rounds))}}/{self.rounds}  train_loss {m['train_loss']:.4f}  "
-                f"{test}  clients {m['clients_participating']}  {m['time_round']:.2f} s")
+                f"{test}  clients {m['clients_participating']}{tau}  {m['time_round']:.2f} s  "
+                f"[{clock(elapsed)} elapsed, {clock(left)} left]")
         if self.mode == "bar":
             width = 20
             filled = int(width * r / self.rounds)
-            sys.stdout.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}")
-            if r == self.rounds:
-                sys.stdout.write("\n")
+            self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\033[K")
+            self.open = r != self.rounds
+            if not self.open:
+                self.out.write("\n")
         else:
-            sys.stdout.write(text + "\n")
-        sys.stdout.flush()
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def break_line(self) -> None:
+        """End a bar line that is still open, so that a message printed next starts on its own line."""
+        if self.open:
+            self.out.write("\n")
+            self.out.flush()
+            self.open = False
 
     def close(self) -> None:
+        self.break_line()
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if isinstance(stream, _AfterBar) and stream.progress is self:
+                setattr(sys, name, stream.stream)
         sys.stdout.flush()
+
+
+class _AfterBar:
+    """A stream that ends the progress bar's open line before anything else is written to it
+    (a stop message, a notice of the round loop, a warning)."""
+
+    def __init__(self, stream, progress: Progress):
+        self.stream, self.progress = stream, progress
+
+    def write(self, text: str) -> int:
+        if text:
+            self.progress.break_line()
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def clock(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``: a duration at a glance."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def summary_table(history: list[dict], wall: float, path) -> str:

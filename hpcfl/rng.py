@@ -8,7 +8,6 @@ client to another rank, or asking about clients in another order, never changes 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 # Stream ids separate independent uses of the same (seed, round, client).
 COHORT = 1
@@ -46,6 +45,8 @@ def torch_seed(seed: int, stream: int, rnd: int = 0, client: int = 0, draw: int 
 def torch_generator(device: torch.device, seed: int, stream: int, rnd: int = 0, client: int = 0,
                     draw: int = 0) -> torch.Generator:
     """A torch Generator on ``device`` keyed like :func:`numpy_rng`."""
+    import torch   # here, not at the top: reading a job (hpcfl config, --help) must not import torch
+
     gen = torch.Generator(device=device)
     gen.manual_seed(torch_seed(seed, stream, rnd, client, draw))
     return gen
@@ -57,6 +58,8 @@ def seed_device(device: torch.device, seed: int) -> None:
     ``torch.manual_seed`` also queues seeding of every accelerator backend and records a
     stack trace each call (about 1 ms); per client per round that dominated small models.
     """
+    import torch
+
     if device.type == "cuda":
         torch.cuda.default_generators[device.index or 0].manual_seed(seed)
     else:

@@ -16,7 +16,6 @@ from .algorithms.sampling import STATIC_WEIGHTS, canonical
 
 LOCAL_SOLVERS = tuple(registry.LOCAL)
 STEPS_POLICIES = tuple(registry.STEPS)
-TAU_STEPS = ("gift", "adacomm", "afl")   # one tau for the cohort, changed between rounds from tau0 = local_steps
 WEIGHTS_POLICIES = tuple(registry.WEIGHTS)
 SERVER_RULES = tuple(registry.SERVER)
 STATEFUL_LOCAL = ("scaffold", "vr", "dyn")   # local add-ons with per-client state
@@ -105,8 +104,8 @@ class AlgorithmSection:
     weight_decay: float = field(default=0.0, metadata={
         "ge": 0, "help": "L2 weight decay added to the local objective; 0: none"})
     mu: float = field(default=0.0, metadata={
-        "ge": 0, "help": "proximal weight mu (FedProx): needed by local = 'prox', optional with scaffold and vr, "
-                         "refused with the other locals"})
+        "ge": 0, "help": "proximal weight mu (FedProx): left out with local = 'prox' it is 0.01 (the FedDisco and "
+                         "FedGSNR papers' FedProx); optional with scaffold and vr, refused with the other locals"})
     batch_size: int = field(default=32, metadata={"gt": 0, "help": "local mini-batch size B, in samples"})
     local_epochs: int = field(default=1, metadata={
         "gt": 0, "help": "local epochs E per round, for steps = 'epochs' and 'straggler' (unit = 'epoch')"})
@@ -114,8 +113,9 @@ class AlgorithmSection:
         "choices": ("ceil", "floor"),
         "help": "steps of E epochs on n_i samples: ceil = E*ceil(n_i/B), floor = floor(E*n_i/B) (the FedNova paper)"})
     local_steps: int = field(default=0, metadata={
-        "ge": 0, "help": "local steps K per round for steps = 'fixed' (the budget E_const for steps = 'gsnr'; E for "
-                         "steps = 'straggler' with unit = 'step'); 0: not used"})
+        "ge": 0, "help": "local steps K per round for steps = 'fixed' (E for steps = 'straggler' with unit = "
+                         "'step'; the budget E_const for 'gsnr' and tau0 for 'gift', 'adacomm', 'afl', which with "
+                         "0 start from local_epochs' worth: round(mean_i E * ceil(n_i / B))); 0: not used"})
     server_lr: float = field(default=1.0, metadata={
         "gt": 0, "help": "server learning rate: x <- x + server_lr * aggregated update (1: plain averaging)"})
     server_momentum: float = field(default=0.0, metadata={
@@ -158,16 +158,14 @@ class AlgorithmSection:
             p.append(f"FedDyn needs both algorithm.local = 'dyn' and algorithm.server = 'dyn' (got local = "
                      f"{self.local!r}, server = {self.server!r}); or use algorithm.name = 'feddyn'")
         if self.local == "prox" and self.mu == 0:
-            p.append("algorithm.local = 'prox' needs algorithm.mu > 0 (FedProx's proximal weight)")
+            p.append("algorithm.local = 'prox' needs algorithm.mu > 0, FedProx's proximal weight (e.g. mu = 0.01, "
+                     "the FedDisco and FedGSNR papers' choice; left out, it is 0.01)")
         if self.local not in PROX_LOCAL and self.mu > 0:
             # sgd with mu would be FedProx under another name; FedDyn's alpha already is its proximal weight
             p.append(f"algorithm.mu = {self.mu} is used only by local = 'prox', 'scaffold' or 'vr', not local = "
                      f"{self.local!r}; set algorithm.local = 'prox' (FedProx) or algorithm.mu = 0")
         if self.steps == "fixed" and self.local_steps == 0:
             p.append("algorithm.steps = 'fixed' needs algorithm.local_steps > 0")
-        if self.steps in TAU_STEPS and self.local_steps == 0:
-            p.append(f"algorithm.steps = {self.steps!r} starts from tau0 = algorithm.local_steps; set "
-                     f"algorithm.local_steps > 0 (e.g. 100, the GIFT paper's tau0)")
         if self.steps == "epochs" and self.local_steps > 0:
             p.append("algorithm.local_steps is set but algorithm.steps = 'epochs'; drop one of them")
         if self.sampling != "uniform" and self.weights not in STATIC_WEIGHTS:
@@ -192,7 +190,9 @@ class RuntimeSection:
                 "operation without a deterministic CUDA kernel stops the run (exit 2). false: faster on a GPU, "
                 "but results differ from run to run (README, Reproducibility); no effect on CPU results"})
     threads: int = field(default=0, metadata={
-        "ge": 0, "help": "torch threads per rank; 0: cores on the node / ranks on the node"})
+        "ge": 0, "help": "torch threads per rank; 0: 1 for a model under 1M parameters (a second thread gains at "
+                         "most a quarter there on idle cores and costs 7-33x on busy ones), else cores on the node "
+                         "/ ranks on the node"})
     dtype: str = field(default="float32", metadata={
         "choices": ("float32", "float64"),
         "help": "floating-point precision of the model, the data and training"})

@@ -78,8 +78,6 @@ def prepare(cfg, comm) -> Setup:
     configure_determinism(cfg.runtime.deterministic)   # before CUDA is first touched
     local_rank, local_size = node_layout(comm)
     device = pick_device(cfg.runtime.device, local_rank)
-    threads = pick_threads(cfg.runtime.threads, local_size)
-    torch.set_num_threads(threads)
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
 
     ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
@@ -104,6 +102,8 @@ def prepare(cfg, comm) -> Setup:
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
     model = FlatModel(module, device, dtype)
+    threads = pick_threads(cfg.runtime.threads, local_size, model.num_params)   # by the model's size
+    torch.set_num_threads(threads)
     pool.load_for(module, device)   # the compiled pooling's load belongs to start-up, not to round 1
     x_train = torch.from_numpy(ds.x_train).to(device=device, dtype=dtype)
     y_train = torch.from_numpy(ds.y_train).to(device=device)

@@ -18,16 +18,20 @@ cohort by one exact reduction; the server reads the sums back by segment name.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+# Nothing imported here may import torch: reading a job (``hpcfl config``, ``--help``,
+# ``hpcfl report``) goes through this package. The local solver and the server momentum
+# state need torch and are imported where an :class:`Algorithm` uses them.
 from . import registry
-from .local import LocalSolver, SolverSpec
 from .protocol import Field, RoundContext, ServerArray
 from .sampling import STATIC_WEIGHTS, Sampler
 from .server import ServerOptimizer
-from .variates import server_momentum_state
+
+if TYPE_CHECKING:
+    import torch
 
 # "nonfinite" counts contributions whose server-side adjustment (FedLGA's correction) overflowed: the exact
 # sum cannot take NaN or Inf, so such a row carries only this flag and rank 0 ends the run as diverged.
@@ -101,10 +105,18 @@ class Algorithm:
                  sizes: np.ndarray):
         a = cfg.algorithm
         self.cfg, self.num_params = a, num_params
+        self.notes: list[str] = []     # what the run should say at its start (rank 0 prints them)
+        local_steps = a.local_steps
+        if not local_steps and a.steps in registry.STEP_COUNT_POLICIES:
+            local_steps = registry.epochs_worth(a.local_epochs, a.batch_size, a.epoch_rounding, sizes)
+            what = "E_const" if a.steps == "gsnr" else "tau0"
+            self.notes.append(f"steps = {a.steps!r} starts from {what} = {local_steps} local steps: "
+                              f"algorithm.local_steps is unset, so {a.local_epochs} epoch(s) of batch "
+                              f"{a.batch_size}, averaged over the clients (set algorithm.local_steps to choose)")
 
         def make(slot: str, name: str):
             b = registry.Build(cfg, cfg.policy_options.get(slot), state_length, num_params, num_local,
-                               len(sizes), device, dtype)
+                               len(sizes), device, dtype, local_steps)
             return registry.SLOTS[slot][name](b)
 
         self.extras = make("local", a.local)          # stateful add-ons of the local solver
@@ -112,8 +124,11 @@ class Algorithm:
         self.weights_policy = make("weights", a.weights)
         self.rule = make("server", a.server)
         self.policies = [self.weights_policy, self.steps_policy, *self.extras, self.rule]
+        self.notes += [n for p in self.policies for n in getattr(p, "notes", ())]
         # A local add-on may bring its own proximal term (FedDyn's alpha/2 ||x - x^t||^2): it adds to mu.
         mu = a.mu + sum(getattr(p, "prox", 0.0) for p in self.extras)
+        from .local import LocalSolver, SolverSpec
+
         self.solver = LocalSolver(SolverSpec(a.lr, a.momentum, a.weight_decay, mu, a.local_lr_decay))
         static = self.weights_policy(-1, np.arange(len(sizes)), sizes) if a.weights in STATIC_WEIGHTS else sizes
         self.sampler = Sampler(a.sampling, a.clients_per_round, cfg.run.seed, static)
@@ -144,6 +159,8 @@ class Algorithm:
 
     def state(self) -> list:
         """Every :class:`ClientTable` and :class:`ServerArray` of the run (checkpointed)."""
+        from .variates import server_momentum_state
+
         return [server_momentum_state(self.server_opt)] + [item for p in self.policies for item in p.state()]
 
     def pinned(self) -> list[str]:
@@ -229,6 +246,8 @@ class Algorithm:
         The server rule counts ``res.adjusted`` when a policy set it (FedLGA's approximated
         full update), else the update itself; every other policy sees the real ``res.delta``.
         """
+        import torch
+
         lay = self.layout.slices
         on_device = isinstance(out, torch.Tensor)
         put = _put_tensor if on_device else _put_array
@@ -271,6 +290,8 @@ class Algorithm:
         arrays, each copied from the device once, when a policy first reads it; the same
         object serves the round's server step, controllers and records.
         """
+        import torch
+
         if not isinstance(sums, torch.Tensor):
             seg = self.layout.split(sums)
         else:
@@ -291,6 +312,8 @@ class Algorithm:
         sums. There the model's update runs on the device when :meth:`updates_on_device`, else
         on host copies; every other policy reads host segments (:meth:`segments`).
         """
+        import torch
+
         seg, s = self.segments(sums)
         if s["nonfinite"]:             # an adjusted update overflowed: the engine stops the run as diverged
             return x * float("nan"), {"tau_eff": float("nan")}
@@ -338,6 +361,8 @@ class Algorithm:
 
 def _put_array(dst: np.ndarray, value) -> None:
     """``dst[...] = value`` for a host row segment; a tensor value is copied (and converted) by torch."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         torch.from_numpy(dst).copy_(value.detach())
     else:
@@ -346,6 +371,8 @@ def _put_array(dst: np.ndarray, value) -> None:
 
 def _put_tensor(dst: torch.Tensor, value) -> None:
     """``dst[...] = value`` for a device row segment: a scalar by ``fill_``, an array or tensor by ``copy_``."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         dst.copy_(value.detach())
     elif np.ndim(value) == 0:

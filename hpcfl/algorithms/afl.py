@@ -18,15 +18,15 @@ beta, rho and delta are the means over the trial rounds. At the end of the last 
 round rank 0 sets tau* = argmin_tau G(tau) (:func:`hpcfl.algorithms.afl_bound.afl_tau`)
 with eta the client lr, c the seconds per local iteration and b the seconds of
 communication per round (from the simulated clock's trial rounds, else ``compute_s`` and
-``comm_s``), and the budget R = ``budget_s`` (default: the whole run at tau0,
-rounds x (c tau0 + b)). Losses are the model's training loss without weight decay,
+``comm_s``; with both unset, c = 1 and b = tau0: time counted in local iterations, a round at
+tau0 half computing and half communicating), and the budget R = ``budget_s`` (default: the
+whole run at tau0, rounds x (c tau0 + b)). Losses are the model's training loss without weight decay,
 measured in eval mode (dropout off, batch norm on running statistics).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -35,24 +35,8 @@ from ..client.stats import stats_sample
 from ..errors import ConfigError
 from .afl_bound import afl_tau
 from .gift import TAU_FIELDS, TauSteps
+from .options import AflOptions  # noqa: F401  (its home is torch-free; re-exported here)
 from .protocol import Field, Segment
-
-
-@dataclass(frozen=True)
-class AflOptions:
-    """``[algorithm.afl]``: see the module docstring."""
-
-    trial_rounds: int = field(default=10, metadata={"ge": 1, "help": "rounds at tau0 that estimate beta, rho, delta"})
-    stat_batch: int = field(default=64, metadata={"gt": 0, "help": "samples per client for F_i and grad F_i"})
-    phi: float = field(default=5e-5, metadata={
-        "gt": 0, "help": "AFL's control parameter phi (its code: 0.025 for SVMs, 5e-5 for CNNs)"})
-    tau_max: int = field(default=100, metadata={"ge": 1, "help": "largest tau considered"})
-    budget_s: float = field(default=0.0, metadata={
-        "ge": 0, "help": "time budget R in seconds; 0: the whole run at tau0, rounds x (c tau0 + b)"})
-    compute_s: float = field(default=0.0, metadata={
-        "ge": 0, "help": "c, seconds per local iteration, when [system] is off (else measured from the clock)"})
-    comm_s: float = field(default=0.0, metadata={
-        "ge": 0, "help": "b, seconds of communication per round, when [system] is off (else from the clock)"})
 
 
 class AflSteps(TauSteps):
@@ -65,10 +49,19 @@ class AflSteps(TauSteps):
 
     def __init__(self, opts: AflOptions, tau0: int, num_params: int, rounds: int, clock: bool):
         super().__init__(tau0, "afl")
-        if not clock and (opts.compute_s == 0 or opts.comm_s == 0) and rounds > opts.trial_rounds:
-            raise ConfigError("algorithm.steps = 'afl' needs the seconds per local iteration c and per round of "
-                              "communication b: turn on [system] (enabled = true) or set algorithm.afl.compute_s "
-                              "and algorithm.afl.comm_s")
+        self.c, self.b = opts.compute_s, opts.comm_s     # used when the clock is off
+        self.notes = []
+        if not clock and opts.compute_s == 0 and opts.comm_s == 0:
+            # Time in local iterations, a round's communication as long as tau0 of them: a round at
+            # tau0 is half computing, half communicating. Only b / c matters to tau*: R scales with both.
+            self.c, self.b = 1.0, float(tau0)
+            self.notes.append(f"afl: [system] is off and algorithm.afl.compute_s, comm_s are unset, so time is "
+                              f"counted in local iterations: c = 1 per iteration, b = tau0 = {tau0} per round's "
+                              f"communication (set both, or enable [system], for your own)")
+        elif not clock and (opts.compute_s == 0 or opts.comm_s == 0) and rounds > opts.trial_rounds:
+            raise ConfigError("algorithm.steps = 'afl' needs both the seconds per local iteration c and per round "
+                              "of communication b: set algorithm.afl.compute_s and algorithm.afl.comm_s (or "
+                              "neither: time then counts local iterations), or turn on [system] (enabled = true)")
         self.opts, self.P, self.tau0, self.rounds, self.clock = opts, int(num_params), int(tau0), int(rounds), clock
         # sums over the trial rounds: beta, rho, delta, c, b, trial rounds seen
         self.acc = np.zeros(6)
@@ -135,7 +128,7 @@ class AflSteps(TauSteps):
                 step_s = float(plan.step_s[part].mean()) if part.any() else 0.0
                 comm = float((plan.download_s + plan.upload_s + plan.delay_s)[part].mean()) if part.any() else 0.0
             else:
-                step_s, comm = self.opts.compute_s, self.opts.comm_s
+                step_s, comm = self.c, self.b
             self.acc += [self.beta_r, self.rho_r, self.delta_r, step_s, comm, 1.0]
         if ctx.rnd != self.opts.trial_rounds - 1 or self.acc[5] == 0:
             return self.tau, ""

@@ -22,22 +22,12 @@ statistics) are averaged as in FedAvg.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
+from .options import DynOptions  # noqa: F401  (its home is torch-free; re-exported here)
 from .protocol import Policy, RowTable, Segment, ServerArray
 from .server import AverageRule
-
-
-@dataclass(frozen=True)
-class DynOptions:
-    """FedDyn's regularisation weight (``[algorithm.dyn]``, read by local and server)."""
-
-    alpha: float = field(default=0.01, metadata={
-        "gt": 0, "help": "FedDyn's alpha: the proximal weight of the local objective and the 1/alpha of the "
-                         "server's h"})
 
 
 class DynLocal(Policy):

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-import torch
 
 from .protocol import Field, Segment, ServerArray
 from .server import AverageRule, divide_
@@ -191,6 +190,8 @@ class LgaRule(AverageRule):
     def pack(self, ctx, j, slot, res, weight):
         if self._slow(ctx, j) and not self.fused:
             return {}            # a held client, packed after release with its corrected update
+        import torch
+
         if not self._slow(ctx, j):
             if self.fused:   # on the device where the row lives; the same values as the host form below
                 D = res.delta[: self.num_params].double()

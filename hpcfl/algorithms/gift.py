@@ -33,7 +33,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError
 from . import tau_control as tc
@@ -177,7 +176,7 @@ class GiftSteps(TauSteps):
 
     def pack(self, ctx, j, slot, res, weight) -> dict:
         u = res.delta[: self.P].double()        # the real update (buffers are averaged but not pooled)
-        out = {"gift_abs": torch.abs(u).mul_(weight)}
+        out = {"gift_abs": u.abs().mul_(weight)}
         if self.own_sum:
             out["gift_sum"] = u * weight        # not in place: for a float64 model, u is delta itself
         return out

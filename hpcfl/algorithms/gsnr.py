@@ -36,7 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from ..client.stats import auto_chunk, per_sample_moments_many, stats_sample
 from ..errors import ConfigError
 from .gsnr_math import allocate_steps, allocation_entropy, global_moments, optimal_steps, scaled_steps
 from .protocol import Field, Policy
@@ -99,6 +98,9 @@ class GsnrSteps(Policy):
 
     def _moments(self, ctx) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """(mu, v) float64 (P,) of each own client's per-sample gradients of the local objective at x0."""
+        # torch's per-sample gradients, imported here: the registry (and so reading a job) must not import torch
+        from ..client.stats import auto_chunk, per_sample_moments_many, stats_sample
+
         c, o = ctx.clients, self.opts
         xs, ys = [], []
         for j in ctx.mine:

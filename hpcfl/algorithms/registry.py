@@ -4,29 +4,48 @@ Each entry maps a job-file name to a factory ``f(b) -> policy`` where ``b`` is a
 :class:`Build` (the job, option objects, model dimensions); ``OPTIONS`` maps the names
 that take a ``[algorithm.<name>]`` table to their option dataclass. ``PRESETS`` are the
 paper names: ``[algorithm] name = "fednova"`` fills the slots not given explicitly.
+
+This module imports no torch: reading a job (``hpcfl config``, ``--help``, ``hpcfl report``)
+goes through it. Policies whose code needs torch (SCAFFOLD's and FedNova-VR's control
+variates, FedDyn, AFL) are imported by their factories, when a run builds them.
+
+Defaults a policy needs to run at all (docs/algorithms/README.md, "Presets"):
+
+- ``local = "prox"`` with ``mu`` unset takes ``PROX_MU`` = 0.01, the FedProx weight of the
+  FedDisco and FedGSNR papers' comparisons (FedProx's own grid is {0.001, 0.01, 0.1, 1});
+- ``steps`` = gsnr, gift, adacomm or afl with ``local_steps`` unset (0) start from the
+  steps E local epochs give on average: :func:`epochs_worth`.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from . import policies as pol
 from .disco import DiscoOptions, DiscoWeights
-from .afl import AflOptions, AflSteps
-from .feddyn import DynLocal, DynOptions, DynRule
 from .fedlga import LgaOptions, LgaRule
 from .gift import AdaCommOptions, AdaCommSteps, GiftOptions, GiftSteps
 from .gsnr import GsnrOptions, GsnrSteps
+from .options import AflOptions, DynOptions
 from .server import AverageRule, NovaOptions, NovaRule
 from .straggler import StragglerOptions, StragglerSteps
-from .variates import Scaffold, VarianceReduction
+
+PROX_MU = 0.01
+# Steps policies that start from a step count (tau0 or FedGSNR's E_const) and derive it from
+# local_epochs when local_steps is unset.
+STEP_COUNT_POLICIES = ("gsnr", "gift", "adacomm", "afl")
 
 
 @dataclass(frozen=True)
 class Build:
-    """What a factory may use: the job, this policy's options, and the model's dimensions."""
+    """What a factory may use: the job, this policy's options, and the model's dimensions.
+
+    ``local_steps`` is ``algorithm.local_steps``, or for the policies of
+    ``STEP_COUNT_POLICIES`` with it unset, :func:`epochs_worth` of the clients.
+    """
 
     cfg: object
     options: object
@@ -34,21 +53,38 @@ class Build:
     num_params: int
     num_local: int
     num_clients: int
-    device: torch.device
-    dtype: torch.dtype
+    device: object        # torch.device
+    dtype: object         # torch.dtype
+    local_steps: int = 0
+
+
+def epochs_worth(local_epochs: int, batch_size: int, rounding: str, sizes: np.ndarray) -> int:
+    """The local steps of ``local_epochs`` epochs, averaged over the clients (at least 1).
+
+    round(mean_i E * ceil(n_i / B)) (``rounding = "floor"``: floor(E n_i / B)): what
+    ``steps = "epochs"`` gives a client on average, so a step-count policy started from it
+    does the same local work per round as FedAvg on the same job.
+    """
+    return max(1, int(np.rint(pol.epoch_steps(local_epochs, np.asarray(sizes), batch_size, rounding).mean())))
 
 
 def _a(b: Build):
     return b.cfg.algorithm
 
 
+def _mod(name: str):
+    """A policy module that imports torch, loaded when a run builds its policy."""
+    return importlib.import_module(f"hpcfl.algorithms.{name}")
+
+
 # local solvers: the plain solver (sgd, momentum, prox) is always there; these add state
 LOCAL = {
     "sgd": lambda b: [],
     "prox": lambda b: [],
-    "scaffold": lambda b: [Scaffold(b.num_local, b.num_params, b.device, b.dtype, b.num_clients)],
-    "vr": lambda b: [VarianceReduction(b.num_local, b.num_params, b.device, b.dtype, b.num_clients)],
-    "dyn": lambda b: [DynLocal(b.options, b.num_local, b.num_params, b.device, b.dtype)],
+    "scaffold": lambda b: [_mod("variates").Scaffold(b.num_local, b.num_params, b.device, b.dtype, b.num_clients)],
+    "vr": lambda b: [_mod("variates").VarianceReduction(b.num_local, b.num_params, b.device, b.dtype,
+                                                        b.num_clients)],
+    "dyn": lambda b: [_mod("feddyn").DynLocal(b.options, b.num_local, b.num_params, b.device, b.dtype)],
 }
 STEPS = {
     "fixed": lambda b: pol.FixedSteps(_a(b).local_steps),
@@ -56,12 +92,12 @@ STEPS = {
     "random_epochs": lambda b: pol.RandomEpochSteps(b.options, _a(b).batch_size, b.cfg.run.seed,
                                                     _a(b).epoch_rounding),
     "client_steps": lambda b: pol.ClientSteps(b.options, b.cfg.run.seed),
-    "gsnr": lambda b: GsnrSteps(b.options, _a(b).local_steps, b.num_params),
+    "gsnr": lambda b: GsnrSteps(b.options, b.local_steps, b.num_params),
     # GIFT pools its own update sum unless the delta segment is the plain weighted sum of the updates
-    "gift": lambda b: GiftSteps(b.options, _a(b).local_steps, b.num_params, _a(b).server != "average"),
-    "adacomm": lambda b: AdaCommSteps(b.options, _a(b).local_steps, b.cfg.system is not None and b.cfg.system.enabled),
-    "afl": lambda b: AflSteps(b.options, _a(b).local_steps, b.num_params, b.cfg.run.rounds,
-                              b.cfg.system is not None and b.cfg.system.enabled),
+    "gift": lambda b: GiftSteps(b.options, b.local_steps, b.num_params, _a(b).server != "average"),
+    "adacomm": lambda b: AdaCommSteps(b.options, b.local_steps, b.cfg.system is not None and b.cfg.system.enabled),
+    "afl": lambda b: _mod("afl").AflSteps(b.options, b.local_steps, b.num_params, b.cfg.run.rounds,
+                                          b.cfg.system is not None and b.cfg.system.enabled),
     "straggler": lambda b: StragglerSteps(
         b.options, _a(b).local_epochs if b.options.unit == "epoch" else _a(b).local_steps, _a(b).batch_size,
         b.cfg.run.seed, b.num_clients, _a(b).epoch_rounding),
@@ -75,7 +111,7 @@ SERVER = {
     "average": lambda b: AverageRule(b.num_params, _a(b).sampling != "unbiased"),
     "nova": lambda b: NovaRule(b.options, b.num_params, _a(b).mu > 0, _a(b).sampling != "unbiased"),
     "lga": lambda b: LgaRule(b.options, b.num_params, _a(b).sampling != "unbiased"),
-    "dyn": lambda b: DynRule(b.options, b.num_params, b.num_clients, _a(b).sampling != "unbiased"),
+    "dyn": lambda b: _mod("feddyn").DynRule(b.options, b.num_params, b.num_clients, _a(b).sampling != "unbiased"),
 }
 OPTIONS = {
     "random_epochs": pol.RandomEpochsOptions,

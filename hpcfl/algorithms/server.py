@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import sys
+
 import numpy as np
-import torch
 
 from .protocol import Policy
 
@@ -35,14 +36,22 @@ def divide_(x, d: float):
     shortcut, up to one ulp off); a 0-dim tensor on the device (filled there: nothing waits)
     makes torch divide. On the host, numpy and torch divide.
     """
-    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+    if _is_tensor(x) and x.device.type != "cpu":
+        import torch
+
         return x.div_(torch.full((), d, dtype=x.dtype, device=x.device))
     x /= d
     return x
 
 
+def _is_tensor(x) -> bool:
+    """Whether ``x`` is a torch tensor, without importing torch (reading a job must not: registry)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def _copy(x):
-    return x.clone() if isinstance(x, torch.Tensor) else x.copy()
+    return x.clone() if _is_tensor(x) else x.copy()
 
 
 class AverageRule(Policy):
@@ -132,7 +141,7 @@ class ServerOptimizer:
     def apply(self, x: np.ndarray, agg: np.ndarray, client_lr: float = 1.0) -> np.ndarray:
         """New model from the current one ``x`` and the aggregate update ``agg`` (float64, this
         round's own array: it is used as the work buffer and overwritten)."""
-        if self.momentum == 0 and isinstance(agg, torch.Tensor):   # device sums: the same on the device
+        if self.momentum == 0 and _is_tensor(agg):   # device sums: the same on the device
             return agg.mul_(self.lr).add_(x).to(x.dtype)
         if self.momentum == 0:  # no buffer: exactly x + lr * agg (beta = 0 is bit-exact plain FedNova)
             # in place, with x widened element by element as astype would: the same sum, the same

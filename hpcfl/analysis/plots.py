@@ -1,92 +1,39 @@
-"""``hpcfl plot``: learning curves of grouped runs and per-client heatmaps, as PNG files.
-
-Two pictures, each a pure function of already-loaded :class:`hpcfl.results.Results`:
+"""``hpcfl plot``: learning curves of grouped runs, and per-client heatmaps.
 
 - :func:`curves_png`: one panel per metric; per group of runs (e.g. the seeds of one
-  configuration) the mean as a line and the min..max over the runs as a band.
-- :func:`client_heatmap_png`: clients x rounds image of one per-client record.
+  configuration) the mean as a line and the min..max over the runs as a band, each group
+  with its own colour, dash pattern and marker (readable in greyscale), one legend entry
+  per group in words (``FedNova, lr 0.1``), and a caption with what the runs share.
+- :func:`hpcfl.analysis.heatmap.client_heatmap_png`: clients x rounds image of one
+  per-client record.
 
-Drawing uses matplotlib's object API on an Agg canvas (``Figure`` + ``FigureCanvasAgg``),
-never pyplot: that needs no display and, unlike ``matplotlib.use("Agg")``, does not switch
-the backend of a notebook that calls these functions. matplotlib is imported inside the
-functions, because ``hpcfl.cli`` imports this module for every command.
-
-Rounds are 1-based (``/metrics/round``: round r's row holds the metrics after r rounds).
+Each is a pure function of already-loaded :class:`hpcfl.results.Results`; the file's
+suffix picks PNG, PDF or SVG (:mod:`.figures`). Rounds are 1-based (``/metrics/round``:
+round r's row holds the metrics after r rounds).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import HpcflError
+from . import words
+from .figures import DEFAULT_SIZE, check_out_path, figure, parse_size, run_label, save, style  # noqa: F401
+from .heatmap import MAX_HEATMAP_ROWS, client_heatmap_png, client_matrix  # noqa: F401  (hpcfl plot's)
+from .heatmap import client_unit as _client_unit  # noqa: F401
 
-DPI = 100
-DEFAULT_SIZE = (1200, 800)
-SIZE_RANGE = (100, 10000)      # pixels per side accepted by parse_size
-MAX_HEATMAP_ROWS = 1000        # more clients than this: evenly spaced cohort members are drawn
-BAND_ALPHA = 0.2
+BAND_ALPHA = 0.15
 EXIT_INPUT = 2
-OUT_FIX = "choose a path in a writable directory"
-
-
-# ----------------------------------------------------------------------------- helpers
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``"WxH"`` (pixels) -> ``(W, H)``; each side in :data:`SIZE_RANGE`."""
-    parts = str(text).lower().split("x")
-    lo, hi = SIZE_RANGE
-    try:
-        w, h = (int(p) for p in parts)
-    except ValueError:
-        raise HpcflError(f"--size {text!r} is not WIDTHxHEIGHT in pixels; use e.g. --size 1200x800") from None
-    if not (lo <= w <= hi and lo <= h <= hi):
-        raise HpcflError(f"--size {text!r}: each side must be {lo}..{hi} pixels; use e.g. --size 1200x800")
-    return w, h
-
-
-def check_out_path(path) -> Path:
-    """Raise unless ``path`` names a ``.png`` file in an existing, writable directory."""
-    import os
-
-    path = Path(path)
-    if path.is_dir():
-        raise HpcflError(f"{path} is a directory; give a file name such as {path / 'plot.png'}")
-    if path.suffix.lower() != ".png":
-        raise HpcflError(f"{path}: plots are PNG files; give a path ending in .png")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise HpcflError(f"cannot write {path}: {parent} is not a writable directory; {OUT_FIX}")
-    return path
-
-
-def _figure(size):
-    """A ``size`` = (width, height) pixel figure on an Agg canvas (no display, no pyplot)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    w, h = size
-    fig = Figure(figsize=(w / DPI, h / DPI), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path) -> str:
-    # No bbox_inches="tight": it would crop the figure and break the requested pixel size.
-    path = check_out_path(path)
-    try:
-        fig.savefig(path, format="png", dpi=DPI)
-    except OSError as exc:
-        raise HpcflError(f"cannot write {path} ({exc.strerror or exc}); {OUT_FIX}") from None
-    return str(path)
-
-
-def run_label(res) -> str:
-    """A short name of one run for messages: its ``run.name``, else its run id."""
-    return str(res.config.get("run", {}).get("name") or res.attrs.get("run_id", "?"))
+# Group i draws with colour C<i>, dash LINESTYLES[i] and marker MARKERS[i] (cycled), so that
+# curves under one another and greyscale prints stay apart.
+LINESTYLES = ("-", "--", "-.", ":", (0, (6, 2)), (0, (3, 1, 1, 1, 1, 1)))
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+MARKS_PER_CURVE = 8
+LOSS_AXES = {"train_loss": "train loss\n(clients' mean mini-batch loss)", "test_loss": "test loss",
+             "global_train_loss": "F(x) on all training data"}
 
 
 # ----------------------------------------------------------------------------- curves
@@ -165,19 +112,35 @@ def group_curve(runs, metric: str, x: str = "round") -> Curve:
                      np.nanmax(ys, axis=0), have.all(axis=0), len(series))
 
 
-def _draw_group(ax, curve: Curve, color: str, label: str) -> None:
+def _draw_group(ax, curve: Curve, i: int):
+    """Group i's mean line and min..max band; returns the legend handle, or None when empty."""
     if curve.rounds.size == 0:
-        return
-    name = label if curve.runs == 1 else f"{label}: mean of {curve.runs} runs"
-    ax.plot(curve.x, curve.mean, color=color, lw=1.8, marker="o" if curve.rounds.size < 30 else None, ms=3,
-            label=name)
+        return None
+    color, n = f"C{i % 10}", curve.rounds.size
+    every = max(1, n // MARKS_PER_CURVE)
+    line, = ax.plot(curve.x, curve.mean, color=color, linestyle=LINESTYLES[i % len(LINESTYLES)],
+                    marker=MARKERS[i % len(MARKERS)], markevery=(i % every, every), ms=5, mfc="white", mew=1.2)
     if curve.runs > 1 and curve.full.any():
-        ax.fill_between(curve.x, curve.lo, curve.hi, where=curve.full, color=color, alpha=BAND_ALPHA, lw=0,
-                        label=f"{label}: min..max over runs")
+        band = ax.fill_between(curve.x, curve.lo, curve.hi, where=curve.full, color=color, alpha=BAND_ALPHA, lw=0)
+        return (band, line)
+    return line
+
+
+def _log_minor(v: float, _pos=None) -> str:
+    """Minor tick labels of a log axis: 2, 3 and 5 times a power of ten, plainly (0.3); none between."""
+    if v <= 0:
+        return ""
+    mantissa = v / 10 ** np.floor(np.log10(v))
+    return f"{v:g}" if any(abs(mantissa - m) < 1e-6 for m in (2, 3, 5)) else ""
+
+
+def _is_loss(metric: str, name: str) -> bool:
+    return "loss" in (name if metric == "quality" else metric)
 
 
 def curves_png(groups: dict, path, x: str = "round", metrics=("quality", "train_loss"),
-               size=DEFAULT_SIZE) -> str:
+               size=DEFAULT_SIZE, *, legend: dict | None = None, title: str | None = None,
+               log_y: bool = False) -> str:
     """Learning curves of groups of runs, one panel per metric.
 
     Parameters
@@ -185,14 +148,20 @@ def curves_png(groups: dict, path, x: str = "round", metrics=("quality", "train_
     groups : dict of label -> list of Results
         E.g. the seeds of each configuration (``hpcfl.analysis.runs.group_runs``).
     path : str or Path
-        PNG to write.
+        .png, .pdf or .svg to write.
     x : {"round", "sim_time"}
         1-based rounds, or cumulative simulated seconds (needs a ``[system]`` section).
     metrics : sequence of str
         ``"quality"`` (test accuracy, or test loss for models without accuracy) or any
         ``/metrics`` name such as ``train_loss``, ``test_loss``, ``lr``.
     size : (int, int)
-        Width and height in pixels.
+        Width and height in pixels (1/100 inch for .pdf and .svg).
+    legend : dict of label -> str, optional
+        The legend's text per group (``hpcfl plot`` passes :func:`legend_words`); default the labels.
+    title : str, optional
+        A caption above the panels; None for none.
+    log_y : bool
+        Log scale on the panels that show a loss.
 
     Returns
     -------
@@ -209,130 +178,67 @@ def curves_png(groups: dict, path, x: str = "round", metrics=("quality", "train_
         for r in all_runs:
             _check_sim_time(r)
     check_out_path(path)   # before drawing: a bad path fails fast
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    fig = _figure(size)
-    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
-    for ax, metric in zip(axes, metrics):
-        name, ylabel = quality_metric(all_runs) if metric == "quality" else (metric, metric.replace("_", " "))
-        for i, (label, runs) in enumerate(groups.items()):
-            if runs:
-                _draw_group(ax, group_curve(runs, name, x), f"C{i % 10}", str(label))
-        if not ax.lines:
-            ax.text(0.5, 0.5, f"no {name} values yet", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("round" if x == "round" else "simulated time [s] (mean over runs)")
-        if x == "round":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-    if axes[0].lines:
-        axes[0].legend(fontsize="small")
-    return _save(fig, path)
-
-
-# ----------------------------------------------------------------------------- client heatmap
-
-def _client_unit(res, field: str) -> str | None:
-    """The unit of ``/clients/<field>`` as the file records it, or None when it has none."""
-    return res.units.get("clients", {}).get(field) or None
-
-
-def _num_clients(res) -> int:
-    ids = np.asarray(res.clients["client"])
-    held = int(res.class_counts.shape[0]) if res.class_counts is not None else 0
-    return max(held, int(ids.max()) + 1 if ids.size else 0)
-
-
-def _heatmap_rows(res, n: int) -> np.ndarray:
-    """Client ids drawn: all ``n`` clients, or evenly spaced cohort members above the limit."""
-    if n <= MAX_HEATMAP_ROWS:
-        return np.arange(n)
-    seen = np.unique(res.clients["client"])   # clients never in a cohort would be blank rows
-    pick = np.unique(np.linspace(0, seen.size - 1, min(seen.size, MAX_HEATMAP_ROWS)).round().astype(np.int64))
-    return seen[pick]
+    with style(size):
+        fig = figure(size)
+        axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+        handles = {}
+        for ax, metric in zip(axes, metrics):
+            name, ylabel = quality_metric(all_runs) if metric == "quality" else (
+                metric, LOSS_AXES.get(metric, metric.replace("_", " ")))
+            for i, (label, runs) in enumerate(groups.items()):
+                h = _draw_group(ax, group_curve(runs, name, x), i) if runs else None
+                if h is not None:
+                    handles.setdefault(label, h)
+            if not ax.lines:
+                ax.text(0.5, 0.5, f"no {name} values yet", ha="center", va="center", transform=ax.transAxes)
+            elif log_y and _is_loss(metric, name):
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))   # 0.1, not 10^-1
+                ax.yaxis.set_minor_formatter(FuncFormatter(_log_minor))
+                first, _, rest = ylabel.partition("\n")
+                ylabel = f"{first}, log scale" + (f"\n{rest}" if rest else "")
+            ax.set_xlabel("round" if x == "round" else "simulated time [s] (mean over runs)")
+            if x == "round":
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+        if handles:
+            texts = [_entry((legend or {}).get(label, str(label)), groups[label]) for label in handles]
+            fig.legend(list(handles.values()), texts, loc="outside lower center", ncols=min(len(texts), 4),
+                       frameon=False)
+        banded = any(len(runs) > 1 for runs in groups.values())
+        note = "lines: mean over a group's runs (seeds); bands: min..max" if banded else ""
+        caption = "\n".join(t for t in (title, note) if t)
+        if caption:
+            fig.suptitle(caption, fontsize="medium")
+        return save(fig, path)
 
 
-def client_matrix(res, field: str):
-    """Per-client record as a (clients drawn, rounds) masked array.
-
-    Returns
-    -------
-    rows : np.ndarray, shape (k,)
-        Client ids of the rows.
-    rounds : np.ndarray, shape (R,)
-        Round numbers of the columns (contiguous).
-    values : np.ma.MaskedArray, shape (k, R), float64
-        Masked where the client was not in that round's cohort or its value is NaN.
-    member : np.ndarray of bool, shape (k, R)
-        True where the client was in the cohort.
-    """
-    if field not in res.clients or field in ("round", "client"):
-        available = [f for f in sorted(res.clients) if f not in ("round", "client")]
-        raise HpcflError(f"unknown per-client field {field!r}; available: {', '.join(available)}")
-    rid = np.asarray(res.clients["round"])
-    if rid.size == 0:
-        raise HpcflError(f"run {run_label(res)} has no rounds recorded yet; plot it after its first round")
-    rows = _heatmap_rows(res, _num_clients(res))
-    rounds = np.arange(int(rid.min()), int(rid.max()) + 1)
-    cid = np.asarray(res.clients["client"])
-    r_idx = np.minimum(np.searchsorted(rows, cid), rows.size - 1)
-    keep = rows[r_idx] == cid                      # rows not drawn (subsampled) drop out
-    grid = np.full((rows.size, rounds.size), np.nan)
-    member = np.zeros(grid.shape, dtype=bool)
-    cols = rid[keep] - rounds[0]
-    grid[r_idx[keep], cols] = np.asarray(res.clients[field], dtype=np.float64)[keep]
-    member[r_idx[keep], cols] = True
-    return rows, rounds, np.ma.masked_invalid(grid), member
+def _entry(text: str, runs: list) -> str:
+    """The legend entry: the group, and how many runs (seeds, when they all differ) its line averages."""
+    if len(runs) < 2:
+        return text
+    seeds = [r.config.get("run", {}).get("seed") for r in runs]
+    return f"{text} ({len(runs)} {'seeds' if len(set(seeds)) == len(seeds) else 'runs'})"
 
 
-def client_heatmap_png(results, field: str, path, size=DEFAULT_SIZE) -> str:
-    """Clients x rounds image of one per-client record (``results.clients[field]``).
+def legend_words(groups: dict, keys: list[str]) -> dict:
+    """label -> the group in words (``FedNova, lr 0.1``) from its grouping ``keys`` (``runs.group_keys``)."""
+    from ..config import flatten
 
-    Cells of clients outside the round's cohort are blank; cohort members whose value
-    is NaN (e.g. train_loss of a client that did not train) are light grey. With more
-    than :data:`MAX_HEATMAP_ROWS` clients, evenly spaced cohort members are drawn and
-    the title says how many.
+    return {label: words.group_words(keys, flatten(runs[0].config)) for label, runs in groups.items() if runs}
 
-    Parameters
-    ----------
-    results : Results
-    field : str
-        ``steps``, ``weight``, ``train_loss``, ``dropped``, ``anorm``, ``sim_time`` or a
-        policy's field such as ``disco_d`` or ``gsnr``.
-    path : str or Path
-        PNG to write.
-    size : (int, int)
-        Width and height in pixels.
 
-    Returns
-    -------
-    str : ``path``.
-    """
-    from matplotlib.colors import ListedColormap
-    from matplotlib.ticker import MaxNLocator
+def caption_words(groups: dict, keys: list[str] = ()) -> str:
+    """What all runs of the figure share, in words (:func:`hpcfl.analysis.words.caption`);
+    the grouping ``keys`` and every key the runs differ in are the legend's."""
+    from ..config import flatten
+    from .runs import _differing
 
-    rows, rounds, values, member = client_matrix(results, field)
-    check_out_path(path)
-    n = _num_clients(results)
-    fig = _figure(size)
-    ax = fig.add_subplot(1, 1, 1)
-    extent = (rounds[0] - 0.5, rounds[-1] + 0.5, rows.size - 0.5, -0.5)
-    no_value = np.ma.masked_where(~(member & values.mask), np.ones(member.shape))
-    ax.imshow(no_value, aspect="auto", interpolation="nearest", cmap=ListedColormap(["0.85"]), extent=extent)
-    im = ax.imshow(values, aspect="auto", interpolation="nearest", cmap="viridis", extent=extent)
-    ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("client")
-    if rows.size <= 30:
-        ax.set_yticks(range(rows.size), [str(r) for r in rows])
-    else:
-        ticks = np.linspace(0, rows.size - 1, 6).round().astype(int)
-        ax.set_yticks(ticks, [str(rows[t]) for t in ticks])
-    shown = f" ({rows.size} of {n} clients shown)" if rows.size < n else ""
-    ax.set_title(f"{run_label(results)}: {field} per client{shown}; blank: not in cohort, grey: no value")
-    unit = _client_unit(results, field)
-    fig.colorbar(im, ax=ax, label=field if unit is None else f"{field} [{unit}]")
-    return _save(fig, path)
+    flats = [flatten(r.config) for runs in groups.values() for r in runs]
+    return words.caption(flats[0], set(_differing(flats)) | set(keys)) if flats else ""
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -341,7 +247,8 @@ def add_parser(sub) -> None:
     """Add ``hpcfl plot`` to the CLI's subparsers."""
     p = sub.add_parser("plot", help="plot learning curves of runs, or a per-client heatmap of one run")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, results.h5 files or sweep directories")
-    p.add_argument("--out", required=True, metavar="PNG", help="PNG file to write")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="file to write: .png, or .pdf / .svg (vector, for a paper)")
     p.add_argument("--kind", choices=("curves", "clients"), default="curves",
                    help="curves: quality and train loss per group of runs (default); clients: clients x rounds "
                         "heatmap of one run's --field")
@@ -356,13 +263,19 @@ def add_parser(sub) -> None:
     p.add_argument("--by", action="append", metavar="KEY[,KEY]",
                    help="group runs by these config keys, e.g. --by algorithm.name,algorithm.lr (repeatable; "
                         "default: the keys that differ across the runs, seeds together)")
-    p.add_argument("--size", default="1200x800", metavar="WxH", help="image size in pixels (default 1200x800)")
+    p.add_argument("--size", default="1200x800", metavar="WxH",
+                   help="image size in pixels, 1/100 inch for .pdf and .svg (default 1200x800); fonts scale with "
+                        "the width, to about 9 pt when printed 7 inches wide")
+    p.add_argument("--log-y", action="store_true", help="curves: log scale on the panels showing a loss")
+    p.add_argument("--title", metavar="TEXT",
+                   help="curves: the caption above the panels (default: what the runs share, e.g. dataset, "
+                        "split, clients, model; '' for none)")
 
 
 def _plot(args) -> str:
     size = parse_size(args.size)   # cheap checks first: no run is read for a typo
     check_out_path(args.out)
-    from .runs import find_runs, group_runs, load_runs
+    from .runs import find_runs, group_keys, group_runs, load_runs
 
     paths = find_runs(args.runs)
     if args.kind == "clients":
@@ -371,9 +284,12 @@ def _plot(args) -> str:
                              f"{' '.join(args.runs)}; give one run directory")
         return client_heatmap_png(load_runs(paths)[0], args.field, args.out, size)
     by = [k.strip() for item in args.by or () for k in item.split(",") if k.strip()] or None   # as hpcfl report
-    groups = group_runs(load_runs(paths), by=by)
+    results = load_runs(paths)
+    groups, keys = group_runs(results, by=by), group_keys(results, by=by)
     metrics = tuple(args.metrics or ("quality", "train_loss"))
-    return curves_png(groups, args.out, x=args.x, metrics=metrics, size=size)
+    title = caption_words(groups, keys) if args.title is None else args.title
+    return curves_png(groups, args.out, x=args.x, metrics=metrics, size=size, legend=legend_words(groups, keys),
+                      title=title or None, log_y=args.log_y)
 
 
 def main(args, comm) -> int:

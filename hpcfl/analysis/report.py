@@ -203,11 +203,24 @@ def _fmt(v, style: str) -> str:
 
 
 def _pm(g: GroupStats, name: str, style: str) -> str:
-    """``mean ± std`` of a group's statistic; the std is "-" for a single run."""
+    """``mean ± std`` of a group's statistic; the mean alone from a single run (no std to show)."""
     mean, std = g.mean[name], g.std[name]
     if _missing(mean):
         return "-"
-    return f"{_fmt(mean, style)} ± {'-' if _missing(std) else _fmt(std, 'sim' if style == 'round' else style)}"
+    return _fmt(mean, style) + ("" if _missing(std) else f" ± {_fmt(std, 'sim' if style == 'round' else style)}")
+
+
+def repeated_seeds(groups: list[GroupStats]) -> list[str]:
+    """A warning per group that holds several runs of one seed: its n then counts one run twice
+    (a copy of a run directory, the same job into two --out) and its std is too small."""
+    out = []
+    for g in groups:
+        seeds = [r.seed for r in g.runs]
+        for seed in dict.fromkeys(s for s in seeds if seeds.count(s) > 1):
+            dirs = ", ".join(str(r.path.parent) for r in g.runs if r.seed == seed)
+            out.append(f"warning: group {g.label!r} holds {seeds.count(seed)} runs of seed {seed} ({dirs}); n counts "
+                       f"each, as if they were independent: pass each run once, or --by run.seed to see them apart")
+    return out
 
 
 def _to_target_cell(g: GroupStats, name: str, style: str) -> str:
@@ -379,13 +392,13 @@ def report_text(paths: list, by=None, fmt: str = "text", target: float | None = 
         raise HpcflError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     groups = build(paths, by, target, last_k, baseline, paper)
     kind = _check_kinds(groups)
-    if fmt == "csv":
-        return render_csv(groups, kind, target, last_k)
-    if fmt == "json":
-        return render_json(groups, kind, target, last_k)
+    if fmt in ("csv", "json"):   # machine-read: the data alone, the warnings on stderr
+        for warning in repeated_seeds(groups):
+            print(warning, file=sys.stderr)
+        return (render_csv if fmt == "csv" else render_json)(groups, kind, target, last_k)
     cols = _columns(groups, kind, target, last_k, baseline is not None, fmt == "markdown")
     render = render_text if fmt == "text" else render_markdown
-    return render(groups, cols, per_run, _notes(kind, target, last_k, baseline))
+    return render(groups, cols, per_run, _notes(kind, target, last_k, baseline) + repeated_seeds(groups))
 
 
 # --------------------------------------------------------------------------- command line

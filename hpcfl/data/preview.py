@@ -73,8 +73,8 @@ def heatmap_png(counts, path: str, title: str = "", log: bool = False) -> str:
 
     With more than 200 clients, 200 evenly spaced rows are drawn and the title says so.
     ``log=True`` uses a logarithmic colour scale over counts >= 1 and leaves zero cells
-    blank: with skewed sizes (a few huge clients) a linear scale shows everyone else as 0.
-    Returns ``path``.
+    white, which the title says: with skewed sizes (a few huge clients) a linear scale
+    shows everyone else as 0. Returns ``path``.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import LogNorm
@@ -94,6 +94,8 @@ def heatmap_png(counts, path: str, title: str = "", log: bool = False) -> str:
         shown = np.ma.masked_less(shown, 1)   # log(0) is undefined: zero cells stay blank
         # vmax > vmin even when every count is 0 or 1, else LogNorm has no range to map
         norm, label = LogNorm(vmin=1, vmax=max(float(counts.max(initial=0)), 2.0)), "samples (log scale)"
+        if (counts[rows] == 0).any():
+            title = f"{title}\nwhite: no samples of that class".strip()
     im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis", norm=norm)
     ax.set_xlabel("class")
     ax.set_ylabel("client")

@@ -379,7 +379,7 @@ class ResultsWriter:
         self.file.close()
 
 
-@dataclass
+@dataclass(repr=False)
 class Results:
     """Plain-array view of a results file (see module docstring for the layout)."""
 
@@ -397,6 +397,11 @@ class Results:
     units: dict = dc_field(default_factory=dict)   # {"metrics": {name: unit}, "clients": {...}}
     input_shape: tuple | None = None
     num_classes: int | None = None
+
+    def __repr__(self) -> str:   # a few lines about the run, not every array (hpcfl.results.summary)
+        from ..results import summary
+
+        return summary(self)
 
     def model(self):
         """The trained model as a torch module in eval mode, in the run's dtype, on the CPU.

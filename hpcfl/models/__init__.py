@@ -18,15 +18,20 @@ Conventions shared by every model:
 
 from __future__ import annotations
 
+import importlib
 import operator
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
-from . import cnn, quadratic, rnn, resnet, simple, vgg
-from ._common import any_shape
+from . import options as o
+from .options import any_shape
+
+if TYPE_CHECKING:
+    import torch
+
+# The registry imports no torch: reading a job needs only the options (hpcfl/models/options.py).
+# A model's module, which does, is imported when the model is built.
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ class ModelSpec:
     options : type
         Frozen options dataclass; every field has a default.
     build : callable (options, input_shape, num_classes) -> nn.Module
-        Checks the input shape (ConfigError naming ``model.name``) and builds.
+        Checks the input shape (ConfigError naming ``model.name``), imports the model's
+        module and builds.
     doc : str
         One line, citing the paper the architecture comes from.
     fits : callable (options, input_shape) -> str or None
@@ -51,8 +57,9 @@ class ModelSpec:
     fits: Callable[..., str | None] = any_shape
 
 
-def _register(name: str, options: type, raw_build: Callable, doc: str, fits=any_shape) -> ModelSpec:
-    """Wrap ``raw_build`` so that a misfit shape raises ConfigError before any init."""
+def _register(name: str, options: type, builder: str, doc: str, fits=any_shape) -> ModelSpec:
+    """Wrap ``builder`` ("module:function" in this package) so that a misfit shape raises
+    ConfigError before its module (and torch) is even imported."""
 
     def build(opts, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
         input_shape = _check_args(name, options, opts, input_shape, num_classes)
@@ -63,7 +70,8 @@ def _register(name: str, options: type, raw_build: Callable, doc: str, fits=any_
                 f"model.name = {name!r} does not fit input shape {input_shape}: it {reason}. "
                 f"Models that fit {input_shape}: {fitting}"
             )
-        return raw_build(opts, input_shape, num_classes)
+        module, function = builder.split(":")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), function)(opts, input_shape, num_classes)
 
     return ModelSpec(options=options, build=build, doc=doc, fits=fits)
 
@@ -87,49 +95,49 @@ _LENET_DOC = "Conv6-Conv16 (5x5) + FC 120-84; 62,006 params on CIFAR-10"
 
 MODELS: dict[str, ModelSpec] = {
     "logreg": _register(
-        "logreg", simple.LogRegOptions, simple.build_logreg,
+        "logreg", o.LogRegOptions, "simple:build_logreg",
         "Multinomial logistic regression on the flattened input (Synthetic(1,1) model of Wang et al. 2020, FedNova).",
     ),
     "mlp": _register(
-        "mlp", simple.MlpOptions, simple.build_mlp,
+        "mlp", o.MlpOptions, "simple:build_mlp",
         "MLP on the flattened input; torch, He-normal (He et al. 2015) or He/LeCun-normal init.",
     ),
     "fedlga_mlp": _register(
-        "fedlga_mlp", simple.FedlgaMlpOptions, simple.build_mlp,
+        "fedlga_mlp", o.FedlgaMlpOptions, "simple:build_mlp",
         "FMNIST MLP 784-400-10 with ReLU of Li et al. (FedLGA); mlp with hidden=[400].",
     ),
     "lenet5": _register(
-        "lenet5", cnn.LeNet5Options, cnn.build_lenet5,
-        f"LeNet-5, {_LENET_DOC} (FedGSNR paper; Chen et al. 2023, GIFT).", cnn.fits,
+        "lenet5", o.LeNet5Options, "cnn:build_lenet5",
+        f"LeNet-5, {_LENET_DOC} (FedGSNR paper; Chen et al. 2023, GIFT).", o.lenet_fits,
     ),
     "simple_cnn": _register(
-        "simple_cnn", cnn.LeNet5Options, cnn.build_lenet5,
-        f"FedDisco/MOON simple CNN = LeNet-5 layout, {_LENET_DOC} (Ye et al. 2023).", cnn.fits,
+        "simple_cnn", o.LeNet5Options, "cnn:build_lenet5",
+        f"FedDisco/MOON simple CNN = LeNet-5 layout, {_LENET_DOC} (Ye et al. 2023).", o.lenet_fits,
     ),
     "vgg11": _register(
-        "vgg11", vgg.Vgg11Options, vgg.build_vgg11,
+        "vgg11", o.Vgg11Options, "vgg:build_vgg11",
         "VGG-11 config A without BN, FC 512-512 head; 9,750,922 params (Wang et al. 2020, FedNova).",
-        vgg.fits,
+        o.vgg_fits,
     ),
     "vgg16": _register(
-        "vgg16", vgg.Vgg16Options, vgg.build_vgg16,
+        "vgg16", o.Vgg16Options, "vgg:build_vgg16",
         "VGG-16 config D without BN by default, FC head (FedGSNR paper; with BN: Chen et al. 2023, GIFT).",
-        vgg.fits,
+        o.vgg_fits,
     ),
     "resnet18": _register(
-        "resnet18", resnet.ResNet18Options, resnet.build_resnet18,
+        "resnet18", o.ResNet18Options, "resnet:build_resnet18",
         "CIFAR ResNet-18 with GroupNorm(2) by default (Ye et al. 2023, FedDisco; ImageNet stem: Li et al., FedLGA).",
-        resnet.fits,
+        o.resnet_fits,
     ),
     "kws_lstm": _register(
-        "kws_lstm", rnn.KwsLstmOptions, rnn.build_kws_lstm,
+        "kws_lstm", o.KwsLstmOptions, "rnn:build_kws_lstm",
         "2-layer LSTM(64) + FC for keyword spotting; 61,066 params on 40 features (Chen et al. 2023, GIFT).",
-        rnn.fits,
+        o.lstm_fits,
     ),
     "quadratic": _register(
-        "quadratic", quadratic.QuadraticModelOptions, quadratic.build_quadratic,
+        "quadratic", o.QuadraticModelOptions, "quadratic:build_quadratic",
         "quadratic objectives of FedNova (Wang et al. 2020) and GIFT (Chen et al. 2023); use with data.dataset = quadratic.",
-        quadratic.fits_quadratic,
+        o.fits_quadratic,
     ),
 }  # fmt: skip
 

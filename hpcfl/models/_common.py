@@ -12,6 +12,8 @@ import math
 import torch
 from torch import nn
 
+from .options import NORMS, any_shape, groups_problem, image_at_least  # noqa: F401  (re-exported)
+
 
 class ZooModel(nn.Module):
     """Base class: a feature extractor followed by one linear layer ``self.fc``.
@@ -45,22 +47,6 @@ class ZooModel(nn.Module):
 # a ConfigError; it lists the models that fit by calling each check with default options.
 
 
-def any_shape(opts, input_shape: tuple[int, ...]) -> str | None:
-    """Models that flatten their input accept every shape."""
-    return None
-
-
-def image_at_least(min_hw: int):
-    """Shape check for (C, H, W) inputs with ``H, W >= min_hw``."""
-
-    def check(opts, input_shape: tuple[int, ...]) -> str | None:
-        if len(input_shape) != 3 or min(input_shape[1:]) < min_hw:
-            return f"needs an image shape (C, H, W) with H, W >= {min_hw}"
-        return None
-
-    return check
-
-
 def flat_size(input_shape: tuple[int, ...]) -> int:
     """Number of features after flattening one sample."""
     return math.prod(input_shape)
@@ -68,7 +54,6 @@ def flat_size(input_shape: tuple[int, ...]) -> int:
 
 # --- normalisation -------------------------------------------------------------------
 
-NORMS = ("none", "batch", "group")
 
 
 def norm2d(kind: str, channels: int, groups: int) -> nn.Module:
@@ -96,14 +81,6 @@ def norm2d(kind: str, channels: int, groups: int) -> nn.Module:
     if kind == "group":
         return nn.GroupNorm(groups, channels)
     return nn.Identity()
-
-
-def groups_problem(norm: str, groups: int, widths: tuple[int, ...]) -> list[str]:
-    """Cross-field check shared by options with ``norm`` and ``groups`` fields."""
-    bad = [w for w in widths if w % groups]
-    if norm == "group" and bad:
-        return [f"groups = {groups} must divide every layer width {sorted(set(widths))}"]
-    return []
 
 
 # --- initialisation ------------------------------------------------------------------

@@ -19,24 +19,15 @@ specifies one).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ._common import ZooModel, image_at_least
+from ._common import ZooModel
+from .options import LENET_MIN_SIDE as MIN_SIDE  # noqa: F401
+from .options import LeNet5Options
+from .options import lenet_fits as fits  # noqa: F401
 from .pool import ReLUMaxPool2x2
-
-#: Smallest H or W for which the second pooling still leaves a 1x1 map:
-#: ((16 - 4) // 2 - 4) // 2 = 1.
-MIN_SIDE = 16
-fits = image_at_least(MIN_SIDE)
-
-
-@dataclass(frozen=True)
-class LeNet5Options:
-    """LeNet-5 has no options: the papers fix the architecture."""
-
 
 def _side_after_convs(side: int) -> int:
     """Spatial size after conv5 -> pool2 -> conv5 -> pool2 (floor pooling, no padding)."""

@@ -16,15 +16,9 @@ Accuracy is not defined.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-
-@dataclass(frozen=True)
-class QuadraticModelOptions:
-    init: float = field(default=0.0, metadata={
-        "help": "starting value of every coordinate of x (GIFT's toy: -100; its noisy quadratics: -20)"})
+from .options import QuadraticModelOptions, fits_quadratic  # noqa: F401
 
 
 class Quadratic(torch.nn.Module):
@@ -80,9 +74,3 @@ class Quadratic(torch.nn.Module):
 
 def build_quadratic(opts: QuadraticModelOptions, input_shape: tuple[int, ...], num_classes: int) -> Quadratic:
     return Quadratic(int(input_shape[-1]), opts.init)
-
-
-def fits_quadratic(opts, input_shape) -> str | None:
-    if len(input_shape) == 1 or (len(input_shape) == 2 and input_shape[0] == 3):
-        return None
-    return "needs the quadratic dataset's inputs: rows e of shape (dim,), or [c; h; n] of shape (3, dim)"

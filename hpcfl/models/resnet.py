@@ -18,57 +18,16 @@ convs ~ N(0, 2 / (k*k*out_channels)), norm weight 1 and bias 0, FC torch-default
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
-from ._common import NORMS, ZooModel, groups_problem, he_conv2d, image_at_least, norm2d
+from ._common import ZooModel, he_conv2d, norm2d
+from .options import RESNET_MIN_SIDE as MIN_SIDE  # noqa: F401
+from .options import RESNET_WIDTHS as WIDTHS
+from .options import ResNet18Options
+from .options import resnet_fits as fits  # noqa: F401
 
-WIDTHS = (64, 128, 256, 512)
 BLOCKS = (2, 2, 2, 2)
-#: Total downsampling is 8 with the CIFAR stem, 32 with the ImageNet stem; the input
-#: must be at least that large to reach the 512-channel stage with a non-empty map.
-MIN_SIDE = {"cifar": 8, "imagenet": 32}
-
-
-@dataclass(frozen=True)
-class ResNet18Options:
-    """Options of ``resnet18``.
-
-    norm : "group" (default; FedDisco), "batch" (adds float running-stat buffers;
-        breaks per-sample gradients in train mode) or "none".
-    groups : GroupNorm groups, 2 as in FedDisco; must divide 64.
-    stem : "cifar" (3x3 stride-1 conv, no max-pool) or "imagenet" (7x7 stride-2 conv and
-        3x3 stride-2 max-pool, torchvision's stem; FedLGA).
-    zero_init_residual : start every residual branch at zero, so each block is the
-        identity at init (the last norm's weight = 0; with norm = "none", the second
-        conv's weight = 0). Worth trying with norm = "none", where activations otherwise
-        grow by about sqrt(2) per block at init (nothing rescales the residual sums).
-    """
-
-    norm: str = field(default="group", metadata={
-        "choices": NORMS, "help": "group (FedDisco), batch (adds running-stat buffers; breaks per-sample gradients) "
-                                  "or none"})
-    groups: int = field(default=2, metadata={
-        "gt": 0, "help": "GroupNorm groups for norm = 'group' (2 in FedDisco); must divide 64"})
-    stem: str = field(default="cifar", metadata={
-        "choices": tuple(MIN_SIDE),
-        "help": "cifar: 3x3 stride-1 conv, no max-pool; imagenet: 7x7 stride-2 conv and 3x3 stride-2 max-pool "
-                "(FedLGA)"})
-    zero_init_residual: bool = field(default=False, metadata={
-        "help": "start every residual branch at zero, so every block is the identity at init"})
-
-    def validate(self) -> list[str]:
-        return groups_problem(self.norm, self.groups, WIDTHS)
-
-
-def fits(opts: ResNet18Options, input_shape: tuple[int, ...]) -> str | None:
-    """Shape check; the minimum side depends on ``opts.stem``."""
-    problem = image_at_least(MIN_SIDE[opts.stem])(opts, input_shape)
-    return problem and f"{problem} when model.resnet18.stem = {opts.stem!r}"
-
-
 def _conv(cin: int, cout: int, kernel: int, stride: int, norm: str) -> nn.Conv2d:
     # A bias right before a norm is redundant (the norm's shift absorbs it), hence
     # torchvision's bias=False; without a norm the bias is the only shift, so keep it.

@@ -8,31 +8,12 @@ Linear(64, 10). With 40 input features and 10 classes that is 61,066 parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
 from ._common import ZooModel
-
-
-@dataclass(frozen=True)
-class KwsLstmOptions:
-    """Options of ``kws_lstm``.
-
-    hidden : LSTM hidden size (64 in GIFT).
-    layers : stacked LSTM layers (2 in GIFT).
-    """
-
-    hidden: int = field(default=64, metadata={"gt": 0, "help": "LSTM hidden size (64 in GIFT)"})
-    layers: int = field(default=2, metadata={"gt": 0, "help": "stacked LSTM layers (2 in GIFT)"})
-
-
-def fits(opts, input_shape: tuple[int, ...]) -> str | None:
-    """Accept (T, F) sequences: T frames of F features each."""
-    if len(input_shape) == 2:
-        return None
-    return "needs a sequence shape (T, F): T frames of F features"
+from .options import KwsLstmOptions
+from .options import lstm_fits as fits  # noqa: F401
 
 
 class KwsLstm(ZooModel):

@@ -6,34 +6,13 @@ Any input shape is accepted; a sample of shape ``input_shape`` is flattened to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
 from ._common import ZooModel, flat_size, normal_fan_in_
+from .options import MLP_INITS, FedlgaMlpOptions, LogRegOptions, MlpOptions  # noqa: F401
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
-
-# "default": torch's nn.Linear init (Kaiming-uniform with a=sqrt(5); uniform bias).
-# "he_normal": every layer W ~ N(0, 2/fan_in), b = 0 (He et al. 2015; the FedDisco digits check).
-# "he_lecun": hidden layers W ~ N(0, 2/fan_in), output layer W ~ N(0, 1/fan_in), b = 0
-#   (W1 ~ N(0, 2/D), W2 ~ N(0, 1/H), zero biases: the MLP of the FedGSNR GMM-10 checks).
-MLP_INITS = ("default", "he_normal", "he_lecun")
-
-
-@dataclass(frozen=True)
-class LogRegOptions:
-    """Options of ``logreg``.
-
-    init : "default" keeps torch's nn.Linear init; "zeros" starts at W = 0, b = 0 (the
-        problem is convex, so a zero start is common; it ignores the seed).
-    """
-
-    init: str = field(default="default", metadata={
-        "choices": ("default", "zeros"),
-        "help": "default: torch's nn.Linear init; zeros: W = 0, b = 0 (ignores the seed)"})
-
 
 class LogReg(ZooModel):
     """Multinomial logistic regression: logits = flatten(x) W^T + b.
@@ -91,36 +70,6 @@ def build_logreg(opts: LogRegOptions, input_shape: tuple[int, ...], num_classes:
         nn.init.zeros_(model.fc.weight)
         nn.init.zeros_(model.fc.bias)
     return model
-
-
-@dataclass(frozen=True)
-class MlpOptions:
-    """Options of ``mlp``.
-
-    hidden : widths of the hidden layers, input side first; () gives logistic regression.
-    activation : nonlinearity after every hidden layer.
-    init : see ``MLP_INITS`` above. The MLPs of our small-scale checks are all
-        expressible here: the FedDisco digits check's MLP 64 -> 32 (ReLU) -> 10 with
-        He-normal init is hidden=[32], init="he_normal"; the FedGSNR GMM-10 check's
-        MLP 20 -> 64 -> 10 (and a 32 -> 64 -> 10 MLP) is hidden=[64], init="he_lecun".
-    """
-
-    hidden: tuple[int, ...] = field(default=(200,), metadata={
-        "gt": 0, "help": "widths of the hidden layers, input side first; []: logistic regression"})
-    activation: str = field(default="relu", metadata={
-        "choices": tuple(ACTIVATIONS),
-        "help": "nonlinearity after every hidden layer"})
-    init: str = field(default="default", metadata={
-        "choices": MLP_INITS, "help": "default: torch's nn.Linear init; he_normal: W ~ N(0, 2/fan_in), b = 0; "
-                                      "he_lecun: the same but N(0, 1/fan_in) for the output layer"})
-
-
-@dataclass(frozen=True)
-class FedlgaMlpOptions(MlpOptions):
-    """Options of ``fedlga_mlp``: ``mlp`` with the 400 hidden units of FedLGA's MLP (Li et al.)."""
-
-    hidden: tuple[int, ...] = field(default=(400,), metadata={
-        "gt": 0, "help": "widths of the hidden layers, input side first (FedLGA: [400])"})
 
 
 class Mlp(ZooModel):

@@ -15,61 +15,17 @@ weights ~ N(0, 2 / (9 * out_channels)), conv biases 0, linear layers torch-defau
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ._common import NORMS, ZooModel, groups_problem, he_conv2d, image_at_least, norm2d
+from ._common import ZooModel, he_conv2d, norm2d
+from .options import Vgg11Options, Vgg16Options  # noqa: F401
+from .options import vgg_fits as fits  # noqa: F401
 from .pool import MaxPool2x2, ReLUMaxPool2x2
 
 CFG_A = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 CFG_D = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
-WIDTHS = (64, 128, 256, 512)
-
-#: Five 2x2 pools: the input must be at least 32 on each side to keep a 1x1 map.
-fits = image_at_least(32)
-
-
-@dataclass(frozen=True)
-class Vgg11Options:
-    """Options of ``vgg11`` (FedNova's VGG-11, Wang et al. 2020).
-
-    head : "mlp" is Dropout -> FC 512 -> ReLU -> Dropout -> FC 512 -> ReLU -> FC C (FedMA /
-        FedNova code); "linear" is a single FC C on the flattened conv output.
-    dropout : drop probability of the two Dropout layers of the "mlp" head (unused by
-        "linear"). Dropout draws random masks in train mode: per-sample gradients with
-        torch.func.vmap need ``randomness="different"`` or dropout = 0.
-    norm : "none" (default, per-sample-gradient safe), "batch" (adds float running-stat
-        buffers) or "group" (GroupNorm with ``groups`` groups) after every conv.
-    groups : GroupNorm groups; must divide 64.
-    """
-
-    head: str = field(default="mlp", metadata={
-        "choices": ("mlp", "linear"),
-        "help": "classifier: mlp = Dropout, FC 512, ReLU, Dropout, FC 512, ReLU, FC C (FedNova); linear = one FC"})
-    dropout: float = field(default=0.5, metadata={
-        "ge": 0.0, "lt": 1.0, "help": "drop probability of the mlp head's two Dropout layers (unused by linear)"})
-    norm: str = field(default="none", metadata={
-        "choices": NORMS, "help": "after every conv: none, batch (adds running-stat buffers) or group (GroupNorm)"})
-    groups: int = field(default=32, metadata={"gt": 0, "help": "GroupNorm groups for norm = 'group'; must divide 64"})
-
-    def validate(self) -> list[str]:
-        return groups_problem(self.norm, self.groups, WIDTHS)
-
-
-@dataclass(frozen=True)
-class Vgg16Options(Vgg11Options):
-    """Options of ``vgg16`` (the FedGSNR paper's VGG-16); as ``vgg11`` but the default head is "linear".
-
-    GIFT's VGG-16 (Chen et al. 2023) is ``norm = "batch"`` with the default head.
-    """
-
-    head: str = field(default="linear", metadata={
-        "choices": ("mlp", "linear"),
-        "help": "classifier: linear = one FC (the default here); mlp = FedNova's FC 512-512 head"})
-
-
 class Vgg(ZooModel):
     """VGG feature stack plus a classifier head.
 

@@ -209,3 +209,33 @@ def test_info_lists_ranks_devices_and_versions():
     assert "ranks: 2" in p.stdout and "rank 1:" in p.stdout and f"device {DEVICE}," in p.stdout
     assert "mpi: MPICH" in p.stdout and "torch:" in p.stdout
     assert "cpu pooling kernels: C, " in p.stdout and "/kernels/pool-" in p.stdout   # this machine has gcc
+
+
+NO_TORCH = """
+import runpy, sys
+sys.argv = ["hpcfl", *sys.argv[1:]]
+try:
+    runpy.run_module("hpcfl", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+print(f"@@ exit {code} torch {'torch' in sys.modules}", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["sweep", "--help"], ["--version"],
+                                  ["config", "jobs/quickstart.toml", "--set", "algorithm.name=afl"],
+                                  ["config", "--defaults", "model.vgg11"], ["report", "{out}"]])
+def test_help_config_and_report_do_not_import_torch(finished, args):
+    """Importing torch takes 1-2 s of an idle core (6-8 s on a busy one): answering --help,
+    printing a job or reading results needs none of it (checked in a fresh interpreter)."""
+    d, _ = finished
+    args = [a.replace("{out}", str(d / "out")) for a in args]
+    p = subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert "@@ exit 0 torch False" in p.stderr, (p.stdout, p.stderr)
+
+
+def test_version():
+    from hpcfl import __version__
+
+    p = hpcfl("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"hpcfl {__version__}"

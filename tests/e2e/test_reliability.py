@@ -110,10 +110,9 @@ def test_finished_run_is_not_redone_and_rounds_can_be_extended(ref, tmp_path):
     finish(jobfile, out)
     p = finish(jobfile, out)
     assert "already finished" in p.stdout
-    p = hpcfl("run", jobfile, "--out", str(out), "--set", "run.rounds=12")
-    assert p.returncode == 2 and "--allow-change run.rounds" in p.stderr
-    p = hpcfl("run", jobfile, "--out", str(out), "--set", "run.rounds=12", "--allow-change", "run.rounds")
-    assert p.returncode == 0 and "resuming from ckpt-00000010.h5" in p.stdout
+    p = hpcfl("run", jobfile, "--out", str(out), "--set", "run.rounds=12")   # a safe key: no confirmation
+    assert p.returncode == 0 and "resuming from ckpt-00000010.h5" in p.stdout, p.stderr
+    assert "resuming with run.rounds 10 -> 12 (safe to change)" in p.stdout
     longer = tmp_path / "longer"
     assert hpcfl("run", jobfile, "--out", str(longer), "--set", "run.rounds=12").returncode == 0
     assert_same_run(longer, out)

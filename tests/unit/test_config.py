@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hpcfl import config
+from hpcfl import config, notices
 from hpcfl.errors import ConfigError
 
 BASE = {
@@ -160,3 +160,102 @@ def test_keys_added_by_a_newer_version_at_their_default_are_no_change():
     changed, _ = config.resume_changes(old, config.from_dict(with_(["checkpoint", "every_minutes"], 5.0)))
     assert changed == ["checkpoint.every_minutes"]
     assert problems(with_(["checkpoint", "every_minutes"], -1.0))[0].startswith("checkpoint.every_minutes")
+
+
+def test_every_problem_of_a_job_in_one_pass():
+    """A typo in a component table, a cohort larger than the clients, a bad key in [data], a
+    bad policy slot, a bad [runtime] value and a misnamed [model.*] key: all in the first
+    report (the cohort check waits only when data.num_clients itself is refused)."""
+    table = with_(["data", "dirichlet"], {"alpah": 0.5})
+    table = with_(["algorithm", "clients_per_round"], 50, table)
+    table = with_(["data", "shuffle"], True, table)
+    table = with_(["algorithm", "steps"], "gsnrr", table)
+    table = with_(["runtime", "threads"], -1, table)
+    table = with_(["model", "mlp"], {"hiden": [8]}, table)
+    msgs = problems(table)
+    expected = ["data.dirichlet.alpah", "clients_per_round = 50 exceeds data.num_clients = 20", "data.shuffle",
+                "algorithm.steps = 'gsnrr'", "runtime.threads = -1", "model.mlp.hiden"]
+    assert len(msgs) == len(expected) and all(any(e in m for m in msgs) for e in expected), msgs
+    msgs = problems(with_(["data", "num_clients"], "twenty", table))
+    assert not any("exceeds" in m for m in msgs) and any("data.num_clients = 'twenty'" in m for m in msgs)
+
+
+def test_cross_key_checks_run_beside_a_refused_key_unless_they_read_it():
+    """algorithm.sampling needs clients_per_round > 0: reported together with a bad lr; but
+    with clients_per_round itself refused, no check restates it against its default."""
+    table = with_(["algorithm"], {"name": "fedavg", "lr": "fast", "sampling": "unbiased"})
+    msgs = problems(table)
+    assert len(msgs) == 2 and "algorithm.lr" in msgs[0] and "needs partial participation" in msgs[1], msgs
+    msgs = problems(with_(["algorithm", "clients_per_round"], -3, table))
+    assert len(msgs) == 2 and not any("partial participation" in m for m in msgs), msgs
+
+
+@pytest.mark.parametrize("override,dropped,chosen", [
+    ("data.partition=pareto", "data.dirichlet", lambda c: type(c.partition_options).__name__ == "ParetoOptions"),
+    ("model.name=logreg", "model.mlp", lambda c: c.model.name == "logreg"),
+    ("algorithm.name=fedavg", "algorithm.gsnr", lambda c: c.algorithm.steps == "fixed"),
+    ("algorithm.steps=fixed", "algorithm.gsnr", lambda c: c.algorithm.steps == "fixed"),
+])
+def test_set_switching_a_component_drops_the_old_table_with_a_note(override, dropped, chosen):
+    """Kept, the old component's table would be refused ("[data.dirichlet] is given but ...")."""
+    base = with_(["model", "mlp"], {"hidden": [8]})
+    base = with_(["algorithm"], {"name": "fedgsnr", "local_steps": 5, "gsnr": {"max_steps": 9}}, base)
+    section, name = dropped.split(".")
+    kept = config.apply_overrides(base, [override])
+    kept[section][name] = base[section][name]
+    assert any(f"[{dropped}] is given" in m for m in problems(kept))
+    notes = []
+    cfg = config.from_dict(config.apply_overrides(base, [override], notes))
+    assert chosen(cfg) and notes == [f"[{dropped}] is left out: after --set {override} no chosen component reads it"]
+
+
+def test_set_keeps_a_table_it_fills_and_tables_of_unchanged_choices():
+    notes = []
+    t = config.apply_overrides(BASE, ["data.partition=pareto", "data.pareto.shape=2.0", "algorithm.lr=0.1"], notes)
+    assert t["data"]["pareto"] == {"shape": 2.0} and "dirichlet" not in t["data"] and len(notes) == 1
+    notes = []
+    t = config.apply_overrides(BASE, ["data.partition=dirichlet", "algorithm.name=fednova"], notes)
+    assert t["data"]["dirichlet"] == {"alpha": 0.5} and notes == []
+
+
+def test_job_file_without_data_or_model_is_refused_not_run_on_defaults(tmp_path):
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match=r"has no \[data\] and no \[model\] table"):
+        config.load(empty)
+    only_run = tmp_path / "run.toml"
+    only_run.write_text("[run]\nrounds = 2\n[data]\ndataset = 'digits'\n")
+    with pytest.raises(ConfigError, match=r"has no \[model\] table"):
+        config.load(only_run)
+    assert config.load(only_run, ["model.name=logreg"]).model.name == "logreg"   # --set may supply it
+
+
+def test_fedprox_runs_with_the_papers_mu_unless_the_job_gives_one():
+    """FedDisco and FedGSNR compare with FedProx at mu = 0.01; a job's own mu wins, and a
+    preset whose local solver is not prox gets none."""
+    assert config.from_dict(with_(["algorithm", "name"], "fedprox")).algorithm.mu == 0.01
+    assert config.from_dict(with_(["algorithm"], {"name": "custom", "local": "prox"})).algorithm.mu == 0.01
+    assert config.from_dict(with_(["algorithm"], {"name": "fedprox", "mu": 0.5})).algorithm.mu == 0.5
+    assert config.from_dict(with_(["algorithm"], {"name": "fedprox", "local": "scaffold"})).algorithm.mu == 0.0
+    msgs = problems(with_(["algorithm"], {"name": "fedprox", "mu": 0.0}))
+    assert len(msgs) == 1 and "e.g. mu = 0.01" in msgs[0]
+
+
+def test_start_notes_name_the_lr_drop_rounds_and_a_fedlga_without_slow_clients():
+    step = with_(["algorithm"], {"name": "fedavg", "lr_schedule": "step", "lr_milestones": [0.6, 0.9]},
+                 with_(["run", "rounds"], 100))
+    assert notices.start_notes(config.from_dict(step)) == [
+        "the lr is multiplied by 0.1 after rounds 60, 90: algorithm.lr_milestones [0.6, 0.9] are fractions of "
+        "run.rounds = 100 (algorithm.lr_milestone_rounds fixes them in rounds)"]
+    step["algorithm"]["lr_milestone_rounds"] = [60, 90]
+    assert notices.start_notes(config.from_dict(step)) == []
+    (lga,) = notices.start_notes(config.from_dict(with_(["algorithm", "name"], "fedlga")))
+    assert "it runs as FedAvg with uniform weights" in lga and "steps = 'straggler'" in lga
+    assert notices.start_notes(config.from_dict(with_(["algorithm"], {"name": "fedlga", "steps": "straggler"}))) == []
+
+
+def test_describe_changes_gives_the_stored_and_the_new_value():
+    old = config.from_dict(BASE).to_dict()
+    new = config.from_dict(with_(["runtime", "threads"], 1, with_(["run", "rounds"], 12)))
+    assert notices.describe_changes(old, new, ["run.rounds", "runtime.threads"]) == \
+        "run.rounds 3 -> 12, runtime.threads 0 -> 1"

@@ -139,13 +139,18 @@ def test_defaults_of_a_component(capsys):
     assert rc == 0 and "(no options)" in out
 
 
-def test_defaults_without_section_lists_sections_and_components(capsys):
+def test_defaults_without_section_lists_sections_and_components_then_all_their_keys(capsys):
     rc, out, _ = run_config(capsys, "--defaults")
     assert rc == 0
-    first = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
+    listing, _, reference = out.partition("\n\n[")
+    first = [line.split()[0] for line in listing.splitlines() if line.startswith("  ")]
     assert first[:10] == ["run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard",
                           "watchdog", "results"]
     assert {"data.dirichlet", "data.digits", "model.mlp", "algorithm.gsnr"} <= set(first)
+    for name in ("algorithm", "data.dirichlet", "model.mlp", "algorithm.afl"):   # every table, as --defaults NAME
+        _, one, _ = run_config(capsys, "--defaults", name)
+        assert one in out
+    assert "\n  alpha = 0.5 " in reference and "\n  lr = 0.05 " in reference
 
 
 def test_unknown_section_exits_2_with_close_matches(capsys):

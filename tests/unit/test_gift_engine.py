@@ -131,17 +131,34 @@ def test_segments_and_transfer_in_the_layout():
         assert algo.transfer() == (0, 0)
 
 
-def test_tau_policies_need_tau0():
-    for name in ("gift", "adacomm", "afl"):
-        with pytest.raises(ConfigError, match="local_steps > 0"):
-            config.from_dict(job(**{"algorithm.name": name, "algorithm.local_steps": 0}))
-
-
-def test_afl_without_clock_needs_c_and_b():
+def test_tau_policies_start_from_local_epochs_worth_without_tau0():
+    """local_steps unset: tau0 = round(mean_i E ceil(n_i / B)) with the job's E = 1, B = 16."""
     from mpi4py import MPI
 
-    with pytest.raises(ConfigError, match="algorithm.afl.compute_s"):
-        run_memory(job(**{"algorithm.name": "afl", "algorithm.local_steps": 4, "run.rounds": 12}), MPI.COMM_SELF)
+    from hpcfl import simulation
+
+    for name in ("gift", "adacomm", "afl"):
+        setup = simulation.prepare(config.from_dict(job(**{"algorithm.name": name, "algorithm.local_steps": 0})),
+                                   MPI.COMM_SELF)
+        assert setup.algo.steps_policy.tau == int(np.rint(np.mean(-(-setup.sizes // 16)))), name
+
+
+def test_afl_without_clock_counts_time_in_local_iterations():
+    """Neither c nor b given: c = 1, b = tau0, said in a note, and the run decides tau* after its
+    trial; one of the two given alone is refused, naming both keys."""
+    from mpi4py import MPI
+
+    from hpcfl import simulation
+
+    table = job(**{"algorithm.name": "afl", "algorithm.local_steps": 4, "run.rounds": 12})
+    setup = simulation.prepare(config.from_dict(table), MPI.COMM_SELF)
+    assert (setup.algo.steps_policy.c, setup.algo.steps_policy.b) == (1.0, 4.0)
+    assert any("c = 1 per iteration, b = tau0 = 4" in n for n in setup.algo.notes)
+    _, metrics, _ = run_memory(table, MPI.COMM_SELF)
+    assert [m["tau_used"] for m in metrics[:10]] == [4] * 10 and metrics[10]["tau_used"] == metrics[9]["tau_next"]
+    with pytest.raises(ConfigError, match="algorithm.afl.compute_s and algorithm.afl.comm_s"):
+        run_memory(job(**{"algorithm.name": "afl", "algorithm.local_steps": 4, "run.rounds": 12,
+                          "algorithm.afl.compute_s": 0.1}), MPI.COMM_SELF)
 
 
 def test_controller_parameter_errors_name_the_table():

@@ -108,13 +108,16 @@ def test_scaffold_control_variate_uses_each_clients_own_steps():
         assert len(set(c["steps"][trained].tolist())) > 1
 
 
-def test_gsnr_needs_a_budget():
+def test_gsnr_without_a_budget_takes_local_epochs_worth():
+    """local_steps unset: E_const = round(mean_i E ceil(n_i / B)), E = 1, B = 16 (the job's)."""
     from hpcfl import config, simulation
-    from hpcfl.errors import ConfigError
+    from hpcfl.algorithms.registry import epochs_worth
 
     cfg = config.from_dict(job(**{"algorithm.name": "fedgsnr", "algorithm.local_steps": 0}))
-    with pytest.raises(ConfigError, match="algorithm.local_steps > 0"):
-        simulation.prepare(cfg, MPI.COMM_SELF)
+    setup = simulation.prepare(cfg, MPI.COMM_SELF)
+    expected = int(np.rint(np.mean(-(-setup.sizes // 16))))
+    assert setup.algo.steps_policy.e_const == expected == epochs_worth(1, 16, "ceil", setup.sizes)
+    assert f"E_const = {expected} local steps" in setup.algo.notes[0]
 
 
 def test_sat_out_clients_are_recorded_as_no_steps(monkeypatch):

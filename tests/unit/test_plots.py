@@ -18,6 +18,9 @@ from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter
 from hpcfl.results import load
 
 NAN = np.nan
+# the min..max bands of groups 0 and 1: C0 (#1f77b4) and C1 (#ff7f0e) at alpha 0.15 over white
+BAND_C0 = tuple(1 - 0.15 * (1 - np.array([0x1F, 0x77, 0xB4]) / 255))
+BAND_C1 = tuple(1 - 0.15 * (1 - np.array([0xFF, 0x7F, 0x0E]) / 255))
 COUNTS = np.array([[5, 0], [3, 3], [0, 4], [10, 1]])
 RUNS = {   # (lr, seed): test_accuracy, train_loss, sim_time per round
     (0.1, 0): ([NAN, 0.6, 0.7], [2.0, 1.5, 1.0], [1.0, 2.0, 3.0]),
@@ -118,16 +121,16 @@ def test_curves_png_size_band_and_content(tmp_path, groups):
     img = read_png(path)
     assert img.shape == (479, 641, 4)
     assert distinct_colours(img) > 200   # antialiased lines, text, two bands
-    # min..max bands: C0 (#1f77b4) and C1 (#ff7f0e) at alpha 0.2 over white
-    assert count_colour(img, (0.8243, 0.8933, 0.9412)) > 50
-    assert count_colour(img, (1.0, 0.8996, 0.8110)) > 50
+    # min..max bands: C0 (#1f77b4) and C1 (#ff7f0e) at alpha 0.15 over white
+    assert count_colour(img, BAND_C0) > 50
+    assert count_colour(img, BAND_C1) > 50
 
 
 def test_curves_png_single_runs_have_no_band(tmp_path, groups):
     one = {"a": groups["lr=0.1"][:1], "b": groups["lr=0.01"][:1]}
     img = read_png(plots.curves_png(one, tmp_path / "c1.png", metrics=("quality",), size=(400, 300)))
     assert img.shape == (300, 400, 4)
-    assert count_colour(img, (0.8243, 0.8933, 0.9412)) < 10   # at most stray antialiased line pixels
+    assert count_colour(img, BAND_C0) < 10   # at most stray antialiased line pixels
     assert count_colour(img, (0.1216, 0.4667, 0.7059)) > 20   # the C0 line itself
 
 
@@ -219,7 +222,7 @@ def test_cli_curves_and_clients(tmp_path, run_dirs, capsys):
     out = tmp_path / "curves.png"
     assert cli(["plot", *runs, "--out", str(out), "--by", "algorithm.lr", "--size", "800x600"]) == 0
     assert read_png(out).shape == (600, 800, 4)
-    assert count_colour(read_png(out), (0.8243, 0.8933, 0.9412)) > 50   # two seeds per group: a band
+    assert count_colour(read_png(out), BAND_C0) > 50   # two seeds per group: a band
     out = tmp_path / "clients.png"
     assert cli(["plot", runs[0], "--out", str(out), "--kind", "clients", "--field", "weight"]) == 0
     assert read_png(out).shape == (800, 1200, 4)
@@ -228,3 +231,84 @@ def test_cli_curves_and_clients(tmp_path, run_dirs, capsys):
     assert "--kind clients plots one run, but 2 were found" in capsys.readouterr().err
     assert cli(["plot", runs[0], "--out", str(out), "--kind", "clients", "--field", "nope"]) == 2
     assert "unknown per-client field 'nope'; available:" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- figures for a paper
+
+def svg_text(path) -> str:
+    """The text a vector figure shows (fonts stay text: svg.fonttype = none)."""
+    import re
+
+    return " ".join(re.findall(r">([^<>]+)</text>", Path(path).read_text()))
+
+
+def test_legend_and_caption_in_words(tmp_path, run_dirs):
+    """Groups by lr, one entry each (line and band together, not one entry per band), in words,
+    with the number of seeds; a caption with what the runs share; lines told apart by dashes
+    and markers (greyscale), not colour alone."""
+    from hpcfl.analysis.runs import group_keys, group_runs
+
+    results = [load(p) for p in run_dirs.values()]
+    groups, keys = group_runs(results, by=["lr"]), group_keys(results, by=["lr"])
+    legend = plots.legend_words(groups, keys)
+    assert list(legend.values()) == ["lr 0.1", "lr 0.01"]
+    assert plots.caption_words(groups, keys) == "digits; 4 clients; FedAvg"   # run.rounds differs: left out
+    path = plots.curves_png(groups, tmp_path / "c.svg", legend=legend, title="the caption")
+    text = svg_text(path)
+    assert text.count("lr 0.1 (2 seeds)") == 1 and text.count("lr 0.01 (2 seeds)") == 1, text
+    assert "the caption" in text and "min..max" in text and "clients' mean mini-batch loss" in text
+    assert Path(plots.curves_png(groups, tmp_path / "c.pdf")).read_bytes().startswith(b"%PDF")
+
+
+def test_each_group_has_its_own_dash_and_marker():
+    import matplotlib.figure
+
+    ax = matplotlib.figure.Figure().subplots()
+    curve = plots.Curve(np.arange(1, 41), np.arange(1.0, 41), np.ones(40), np.ones(40), np.ones(40),
+                        np.ones(40, bool), 1)
+    lines = [plots._draw_group(ax, curve, i) for i in range(3)]
+    assert len({ln.get_linestyle() for ln in lines}) == 3 and len({ln.get_marker() for ln in lines}) == 3
+    assert lines[0].get_markevery() == (0, 5) and lines[1].get_markevery() == (1, 5)   # 8 marks, staggered
+
+
+def test_log_y_on_loss_panels_only(tmp_path, groups):
+    text = svg_text(plots.curves_png(groups, tmp_path / "l.svg", metrics=("quality", "train_loss"), log_y=True))
+    assert "train loss, log scale" in text and "test accuracy (fraction)" in text and "accuracy, log" not in text
+    assert [plots._log_minor(v) for v in (0.2, 0.3, 0.4, 5.0, 70.0)] == ["0.2", "0.3", "", "5", ""]
+
+
+def test_out_path_picks_the_format(tmp_path):
+    for suffix in (".png", ".pdf", ".svg", ".PDF"):
+        assert plots.check_out_path(tmp_path / f"f{suffix}")
+    with pytest.raises(HpcflError, match=r"ending in \.png \(raster\), or \.pdf or \.svg"):
+        plots.check_out_path(tmp_path / "f.jpg")
+
+
+def test_words_of_config_keys():
+    from hpcfl.analysis import words
+
+    flat = {"algorithm.name": "fednova", "algorithm.steps": "random_epochs", "algorithm.random_epochs.low": 1,
+            "algorithm.random_epochs.high": 5, "data.dirichlet.alpha": 0.1, "algorithm.mu": 0.01,
+            "algorithm.weights": "disco", "model.mlp.hidden": [64, 32], "run.seed": 3}
+    keys = ["algorithm.name", "algorithm.random_epochs.high", "algorithm.random_epochs.low", "algorithm.steps"]
+    assert words.group_words(keys, flat) == "FedNova, E ~ U{1..5}"
+    assert [words.key_words(k, flat) for k in ("data.dirichlet.alpha", "algorithm.mu", "algorithm.weights",
+                                               "model.mlp.hidden", "run.seed")] == [
+        "Dirichlet alpha = 0.1", "mu = 0.01", "FedDisco weights", "hidden = [64, 32]", "seed = 3"]
+    assert words.partition_words("dirichlet", {"alpha": 0.5, "min_samples": 10, "max_tries": 100},
+                                 {"alpha": 0.5, "min_samples": 10, "max_tries": 1000}) == \
+        "dirichlet (alpha = 0.5, max_tries = 100)"
+
+
+def test_client_heatmap_colours_integer_records_by_value(tmp_path, groups):
+    """steps holds 10 r + i: 11, 20, 21, ... one colour each; its colour bar says "steps" once."""
+    res = groups["lr=0.1"][1]
+    _, _, values, _ = plots.client_matrix(res, "steps")
+    from hpcfl.analysis.heatmap import levels
+
+    found = levels(res, "steps", values)
+    np.testing.assert_array_equal(found, np.unique(values.compressed()))
+    assert levels(res, "train_loss", plots.client_matrix(res, "train_loss")[2]) is None   # floats: continuous
+    text = svg_text(plots.client_heatmap_png(res, "steps", tmp_path / "s.svg", size=(600, 400)))
+    assert "steps [steps]" not in text and " steps " in f" {text} "
+    assert all(f"{v:g}" in text.split() for v in found[::max(1, int(np.ceil(found.size / 12)))])

@@ -1,8 +1,9 @@
 """The console: one line per round and the closing summary, in the file's round numbers."""
 
 import math
+import sys
 
-from hpcfl.progress import Progress, divergence_warning, summary_table
+from hpcfl.progress import Progress, clock, divergence_warning, summary_table
 
 NAN = math.nan
 
@@ -25,14 +26,54 @@ def test_summary_shows_the_test_loss_when_the_model_has_no_accuracy():
     assert "n/a" not in text and "accuracy" not in text
 
 
-def test_progress_line_counts_from_one_and_shows_loss_without_accuracy(capsys):
+def test_progress_line_counts_from_one_and_keeps_its_column_label(capsys):
+    """The column is the test accuracy in every round (``-`` before the first evaluation), or
+    for a model without an accuracy the test loss in every round: never one, then the other."""
     p = Progress(10, "line")
     for m in rows([NAN, 0.5], [2.5, 1.25]):
         p.update(m)
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("round  1/10") and "test_loss 2.5000" in out[0]
+    assert out[0].startswith("round  1/10") and "test_acc   -   " in out[0] and "test_loss" not in out[0]
     assert out[1].startswith("round  2/10") and "test_acc 0.5000" in out[1]
+    p = Progress(10, "line", accuracy=False)
+    for m in rows([NAN, NAN, NAN], [NAN, 2.5, 1.25]):
+        p.update(m)
+    out = capsys.readouterr().out.splitlines()
+    assert ["test_loss   -   " in out[0], "test_loss 2.5000" in out[1], "test_loss 1.2500" in out[2]] == [True] * 3
+    assert not any("test_acc" in line for line in out)
 
+
+def test_progress_line_shows_tau_elapsed_and_time_left(capsys, monkeypatch):
+    """Rounds 4 and 5 of 10 after a resume at round 3: the clock reads 0, 4 and 10 s, so round
+    4 has taken 4 s for 1 round (6 left: 24 s) and round 5 10 s for 2 (5 left: 25 s)."""
+    now = iter([0.0, 4.0, 10.0])
+    monkeypatch.setattr("hpcfl.progress.time.perf_counter", lambda: next(now))
+    p = Progress(10, "line", start=3)
+    for r in (4, 5):
+        p.update({**rows([0.5], [1.0])[0], "round": r, "tau_used": 12})
+    out = capsys.readouterr().out.splitlines()
+    assert "clients 3  tau 12  0.50 s  [4s elapsed, 24s left]" in out[0]
+    assert out[1].endswith("[10s elapsed, 25s left]")
+
+
+def test_clock_reads_at_a_glance():
+    assert [clock(s) for s in (0.4, 59.4, 60, 185, 3600, 7625)] == ["0s", "59s", "1m00s", "3m05s", "1h00m", "2h07m"]
+
+
+def test_a_message_during_the_bar_starts_on_its_own_line(capsys):
+    """A stop message (stderr) or a notice (stdout) while the bar is open must not be glued
+    to it: the first write after a bar update ends the bar's line."""
+    p = Progress(10, "bar")
+    p.update(rows([0.5], [1.0])[0])
+    print("hpcfl: stopped by SIGINT after round 1", file=sys.stderr)
+    p.update({**rows([0.5], [1.0])[0], "round": 2})
+    print("hpcfl: note")
+    p.close()
+    cap = capsys.readouterr()
+    assert cap.err == "hpcfl: stopped by SIGINT after round 1\n"
+    bars = cap.out.split("\n")
+    assert bars[0].startswith("\r[##......") and bars[1].startswith("\r[####....") and bars[2] == "hpcfl: note"
+    assert sys.stdout is not None and type(sys.stdout).__name__ != "_AfterBar"   # close() gave the streams back
 
 
 def losses(train, global_=None):

@@ -199,7 +199,21 @@ def test_per_run_rows_and_single_run_std(sweep):
     text = report_text([sweep / "fedavg-s0", sweep / "fednova-s2"], per_run=True)
     rows = [line for line in text.splitlines() if line.startswith("  seed")]
     assert len(rows) == 2 and rows[1].rstrip().endswith("running")
-    assert "0.5000 ± -" in text                               # one run: no std
+    assert "  0.5000  " in text and "± -" not in text          # one run: the mean alone, no std
+
+
+def test_a_group_with_a_seed_twice_is_warned_about(sweep, tmp_path, capsys):
+    """A copy of fedavg-s0 beside the sweep: group name=fedavg has 4 runs, two of seed 0."""
+    import shutil
+
+    copy = tmp_path / "copy-of-s0"
+    shutil.copytree(sweep / "fedavg-s0", copy)
+    text = report_text([sweep, copy])
+    (line,) = [x for x in text.splitlines() if x.startswith("warning")]
+    assert line.startswith("warning: group 'name=fedavg' holds 2 runs of seed 0 (") and str(copy) in line
+    assert report_text([sweep]).count("warning") == 0
+    report_text([sweep, copy], fmt="csv")
+    assert "holds 2 runs of seed 0" in capsys.readouterr().err
 
 
 def test_json_has_group_and_run_values(sweep):

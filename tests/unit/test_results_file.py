@@ -184,3 +184,21 @@ def test_a_live_file_needs_swmr_with_plain_h5py_and_the_reader_just_works(tmp_pa
     w.close()
     with h5py.File(tmp_path / "results.h5", "r") as f:                # closed: plain open works
         assert f["metrics/round"][()].tolist() == [1]
+
+
+def test_print_of_a_loaded_run_is_a_short_summary(tmp_path):
+    """print(load(run)) names the run and its quality in a few lines instead of every array.
+    Rows r = 1..3 hold the value r in every metric: test accuracy final 3 (round 3), best 3."""
+    attrs = {**ATTRS, "config": {"run": {"name": "q", "seed": 4, "rounds": 5}, "algorithm": {"name": "fedavg"},
+                                 "data": {"dataset": "digits", "partition": "iid", "num_clients": 5},
+                                 "model": {"name": "mlp"}}}
+    w = ResultsWriter(tmp_path / "results.h5", attrs, np.ones((2, 3), dtype=np.int64))
+    for r in range(1, 4):
+        w.append_round(*row(r))
+    w.close()
+    text = repr(load(tmp_path))
+    assert text.splitlines()[:3] == [
+        "Results of run 'q' (seed 4): fedavg on digits (iid), 5 clients, model mlp, 1 rank(s)",
+        "  running: 3 of 5 rounds",
+        "  final test accuracy 3.0000 (round 3), best 3.0000 (round 3)"]
+    assert "train_loss, test_accuracy, test_loss" in text and len(text.splitlines()) == 6

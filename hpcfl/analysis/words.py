@@ -1,0 +1,120 @@
+"""Config values in words, for figures: legend entries and captions.
+
+``hpcfl report`` names its groups by dotted keys (``name=fednova, lr=0.1``), which its
+``--baseline`` and ``--paper`` options match; a figure for a paper says the same in words:
+``FedNova, lr 0.1``, ``FedAvg, E ~ U{1..5}``, and puts what all runs share in a caption
+(``digits, Dirichlet alpha = 0.5 over 20 clients, 10 per round; mlp [64]; ...``).
+"""
+
+from __future__ import annotations
+
+import json
+
+PRESETS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fednova": "FedNova",
+           "feddisco": "FedDisco", "fedgsnr": "FedGSNR", "fedlga": "FedLGA", "feddyn": "FedDyn", "gift": "GIFT",
+           "adacomm": "AdaComm", "afl": "AFL", "custom": "custom"}
+SLOTS = {
+    "algorithm.local": {"sgd": "local SGD", "prox": "proximal local SGD", "scaffold": "SCAFFOLD variates",
+                        "vr": "variance reduction", "dyn": "FedDyn local"},
+    "algorithm.weights": {"size": "size weights", "uniform": "uniform weights", "disco": "FedDisco weights"},
+    "algorithm.server": {"average": "averaging", "nova": "FedNova aggregation", "lga": "FedLGA aggregation",
+                         "dyn": "FedDyn server"},
+    "algorithm.steps": {"epochs": "E epochs", "fixed": "K fixed steps", "client_steps": "steps per client",
+                        "gsnr": "FedGSNR steps", "straggler": "stragglers", "gift": "GIFT tau",
+                        "adacomm": "AdaComm tau", "afl": "AFL tau"},
+}
+# "{}" is the value
+KEYS = {"algorithm.lr": "lr {}", "algorithm.mu": "mu = {}", "algorithm.momentum": "momentum {}",
+        "algorithm.server_lr": "server lr {}", "algorithm.server_momentum": "server momentum {}",
+        "algorithm.local_epochs": "E = {}", "algorithm.local_steps": "K = {} steps", "algorithm.batch_size": "B = {}",
+        "algorithm.weight_decay": "weight decay {}", "algorithm.clients_per_round": "{} clients per round",
+        "algorithm.sampling": "{} sampling", "data.num_clients": "{} clients", "data.dataset": "{}",
+        "data.partition": "{} split", "model.name": "{}", "run.rounds": "{} rounds", "runtime.reduce": "{} sum",
+        "runtime.dtype": "{}", "algorithm.lr_schedule": "{} lr"}
+
+
+def value_text(v) -> str:
+    """A config value as words: strings bare, numbers as written, lists as [a, b]."""
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float):
+        return f"{v:g}"
+    return json.dumps(v).replace(",", ", ").replace(",  ", ", ")
+
+
+def _random_epochs(flat: dict) -> str:
+    lo, hi = flat.get("algorithm.random_epochs.low", "?"), flat.get("algorithm.random_epochs.high", "?")
+    return f"E ~ U{{{lo}..{hi}}}"
+
+
+def key_words(key: str, flat: dict) -> str:
+    """One grouping key of one run (its flattened config ``flat``) in words."""
+    v = flat.get(key)
+    if v is None:
+        return f"{key.rsplit('.', 1)[-1]} unset"
+    if key == "algorithm.name":
+        return PRESETS.get(v, str(v))
+    if key.startswith("algorithm.random_epochs.") or (key == "algorithm.steps" and v == "random_epochs"):
+        return _random_epochs(flat)
+    if key in SLOTS:
+        return SLOTS[key].get(v, f"{key.rsplit('.', 1)[-1]} {v}")
+    if key.startswith("data.dirichlet") and key.endswith(".alpha"):
+        return f"Dirichlet alpha = {value_text(v)}"
+    if key in KEYS:
+        return KEYS[key].format(value_text(v))
+    return f"{key.rsplit('.', 1)[-1]} = {value_text(v)}"
+
+
+def group_words(keys: list[str], flat: dict) -> str:
+    """A group's legend entry: its grouping keys in words, each idea once (``FedNova, lr 0.1``)."""
+    parts = list(dict.fromkeys(key_words(k, flat) for k in keys))
+    return ", ".join(parts) or "all runs"
+
+
+def partition_words(name: str, options: dict, defaults: dict | None = None) -> str:
+    """``dirichlet (alpha = 0.5)``: the partition with its first option and any option off its default."""
+    shown = [k for i, k in enumerate(options) if i == 0 or (defaults is not None and options[k] != defaults.get(k))]
+    shown = [k for k in shown if options.get(k) is not None]
+    inner = ", ".join(f"{k} = {value_text(options[k])}" for k in shown)
+    return f"{name} ({inner})" if inner else name
+
+
+def caption(flat: dict, differing: set[str]) -> str:
+    """What every run of a figure shares, from one run's flattened config: data, split,
+    clients, model, algorithm and its main settings; keys in ``differing`` are left out
+    (the legend says them)."""
+    def same(*keys):
+        return not any(k in differing or any(d.startswith(k + ".") for d in differing) for k in keys)
+
+    parts = []
+    data = flat.get("data.dataset", "?")
+    part = flat.get("data.partition")
+    if same("data.dataset"):
+        parts.append(str(data))
+    if part and same("data.partition", f"data.{part}"):
+        opts = {k.rsplit(".", 1)[-1]: v for k, v in flat.items() if k.startswith(f"data.{part}.")}
+        parts.append(partition_words(str(part), opts))
+    clients = []
+    if same("data.num_clients") and "data.num_clients" in flat:
+        clients.append(f"{flat['data.num_clients']} clients")
+    cohort = flat.get("algorithm.clients_per_round")
+    if same("algorithm.clients_per_round") and cohort is not None:
+        clients.append("all per round" if cohort == 0 else f"{cohort} per round")
+    if clients:
+        parts.append(", ".join(clients))
+    model = flat.get("model.name")
+    if model and same("model.name", f"model.{model}"):
+        hidden = flat.get(f"model.{model}.hidden")
+        parts.append(f"{model} {value_text(hidden)}" if hidden is not None else str(model))
+    alg = [key_words("algorithm.name", flat)] if same("algorithm.name") and "algorithm.name" in flat else []
+    alg += [key_words(k, flat) for k in ("algorithm.lr", "algorithm.batch_size") if same(k) and k in flat]
+    steps = flat.get("algorithm.steps")
+    if steps == "epochs" and same("algorithm.local_epochs", "algorithm.steps"):
+        alg.append(key_words("algorithm.local_epochs", flat))
+    elif steps == "fixed" and same("algorithm.local_steps", "algorithm.steps"):
+        alg.append(key_words("algorithm.local_steps", flat))
+    if alg:
+        parts.append(", ".join(alg))
+    return "; ".join(parts)
