@@ -11,6 +11,8 @@ count. It is not set in the batch shell (where ``SLURM_NTASKS`` is the allocatio
 although the shell is one process: running hpcfl there directly is a valid 1-rank run), and
 inside ``srun -n 1`` or ``mpiexec -n N`` within an allocation it is 1 (mpiexec's ranks see a
 world of N anyway). So a world of 1 in a step of N > 1 tasks is the mistake, and nothing else.
+One exception: an interactive shell from ``srun -n N --pty bash`` carries the step's variables
+(and ``SLURM_PTY_PORT``) to everything started in it, where a 1-rank run is legitimate.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def split_world(world_size: int, environ=os.environ) -> str | None:
         The process environment (a parameter for the tests).
     """
     n = step_tasks(environ)
-    if n is None or n < 2 or world_size != 1 or environ.get(INDEPENDENT) == "1":
+    if n is None or n < 2 or world_size != 1 or environ.get(INDEPENDENT) == "1" or "SLURM_PTY_PORT" in environ:
         return None
     return (f"Slurm started {n} tasks in this step (SLURM_STEP_NUM_TASKS={n}) but MPI sees a world of 1 rank "
             f"in each: srun did not connect them to MPI, so each task would run the whole job on its own, "

@@ -33,6 +33,7 @@ MPIEXEC_IN_ALLOC = {"SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PRO
     ({**SRUN_2, "SLURM_STEP_NUM_TASKS": "16"}, 1, True),
     ({**SRUN_2, "HPCFL_INDEPENDENT_TASKS": "1"}, 1, False),   # meant as separate runs
     ({**SRUN_2, "HPCFL_INDEPENDENT_TASKS": "0"}, 1, True),
+    ({**SRUN_2, "SLURM_PTY_PORT": "41027"}, 1, False),       # a shell from srun -n 2 --pty bash
     ({"SLURM_STEP_NUM_TASKS": "x"}, 1, False),                # not Slurm's: ignored
     ({"SLURM_STEP_NUM_TASKS": ""}, 1, False),
 ])
