@@ -387,9 +387,17 @@ def main(argv=None) -> int:
     if args.cmd == "run":      # again for the console script, which does not pass through __main__
         from . import signals
         signals.install()
+    from . import launch
     from .comm import world
 
     comm = world()
+    split = launch.split_world(comm.size)
+    if split and args.cmd in ("run", "sweep", "info"):   # N srun tasks, each its own world of 1
+        if launch.first_task():   # info only reports what it sees; run and sweep stop before --out
+            print(f"hpcfl: {split}" + ("" if args.cmd == "info" else " Stopped before touching --out."),
+                  file=sys.stderr, flush=True)
+        if args.cmd != "info":
+            _exit_all(EXIT_INPUT)
     if args.cmd in EXTERNAL:
         return importlib.import_module(EXTERNAL[args.cmd]).main(args, comm)
     handler = {"run": cmd_run, "info": cmd_info, "partition": cmd_partition}[args.cmd]

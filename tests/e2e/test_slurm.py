@@ -22,7 +22,7 @@ DEFAULT_DEVICE = {"single_node_gpu": "cuda", "multi_node": "cuda", "cpu_only": "
                   "requeue": "auto", "array_sweep": "auto"}
 # environment variables the templates read (the tests set them explicitly or not at all)
 TEMPLATE_ENV = ("HPCFL_CMD", "MAX_REQUEUES", "HPCFL_DEVICE", "HPCFL_CKPT_MINUTES", "HPCFL_SWEEP", "OMP_NUM_THREADS",
-                "JOB")
+                "JOB", "HPCFL_MPI")
 # the hpcfl command and job file each template runs (after HPCFL_CMD)
 PROGRAM = {name: ["run", "jobs/quickstart.toml"] for name in TEMPLATES}
 PROGRAM["array_sweep"] = ["sweep", "jobs/sweep_quickstart.toml"]
@@ -201,6 +201,25 @@ def test_default_command_is_mpi4py_hpcfl(stand, name):
     assert p.returncode == 0, p.output
     _, prog = stand.srun_split()
     assert prog[:7] == ["python", "-m", "mpi4py", "-m", "hpcfl", *PROGRAM[name]]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_srun_asks_for_pmi2_unless_told_otherwise(stand, name):
+    """srun --mpi=pmi2 joins the ranks into one MPI world with the mpich wheel where the site's
+    MpiDefault is none (tests/e2e/test_slurm_cluster.py); HPCFL_MPI picks another plugin, and
+    empty leaves srun to the site's default."""
+    for value, expected in ((None, ["--mpi=pmi2"]), ("pmix", ["--mpi=pmix"]), ("", [])):
+        p = stand.run(name, HPCFL_MPI=value)
+        assert p.returncode == 0, p.output
+        opts = stand.srun_split()[0]
+        assert [o for o in opts if o.startswith("--mpi")] == expected, (value, opts)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_job_comes_from_the_environment_in_every_template(stand, name):
+    p = stand.run(name, JOB="jobs/other.toml")
+    assert p.returncode == 0, p.output
+    assert stand.srun_split()[1][1:3] == [PROGRAM[name][0], "jobs/other.toml"]
 
 
 def test_kill_on_bad_exit(stand):

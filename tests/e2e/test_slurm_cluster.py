@@ -1,0 +1,326 @@
+"""The Slurm templates submitted to a real Slurm, as users submit them: a one-node cluster on
+localhost (tests/e2e/slurm_cluster.py: Debian's slurm-wlm 22.05 and munge), CPU variants of the
+templates (the GPU request dropped with sbatch's --gpus-per-task=0, the documented edit point),
+the small quickstart. Results are compared bitwise with runs outside Slurm.
+
+Skipped where Slurm and MUNGE are not installed or not root; with HPCFL_REQUIRE_SLURM=1 (CI) a
+cluster that does not start fails instead. Cost: 11 minutes measured on 2 cores shared with other
+work (load 9 to 11), about 2 CPU-minutes of it ours; the requeue test is the longest (3 to 4 min),
+its attempts paced by Slurm's 30-s time-limit checks.
+"""
+
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clirun import ROOT, assert_same_run, hpcfl, start
+from slurm_cluster import TERMINAL, Cluster, ClusterUnavailable
+from test_slurm import TEMPLATE_ENV, directives
+
+# Slurm jobs queue behind each other on 2 cores, and a test includes its fixtures (the references)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+
+QUICK = ROOT / "jobs" / "quickstart.toml"
+SWEEP = ROOT / "jobs" / "sweep_quickstart.toml"
+# What the templates add to the command line on a 1-core task (runtime.threads = cpus-per-task):
+# the references outside Slurm run with the same settings.
+TEMPLATE_SETS = ["--set", "runtime.device=cpu", "--set", "runtime.threads=1", "--set", "checkpoint.every_minutes=10"]
+# A CPU variant of every template: 1 core per rank, memory within a small CI machine's.
+ONE_CORE = ("--cpus-per-task=1", "--mem-per-cpu=1G")
+# requeue.sbatch runs with --time=1 (minute) and USR1 WARN seconds before the end. slurmctld checks
+# time limits every 30 s; it sends the signal at the first check at most WARN + 30 s before the
+# end: 25 to 55 s into the first attempt (the ranks are up by then even on a loaded machine), and
+# about 50 s into a requeued one (it starts some 10 s after the check whose signal stopped the
+# attempt before: the stop, cred_expire=5, a scheduler pass). The time limit's kill would come at
+# a later check, at least 30 s after the signal.
+WARN = 5
+LONG_SECONDS = 70      # the requeued job's rounds take about this long at 1 rank (calibrated here):
+#                        more than the first attempt holds, so it is stopped at least once
+REQUEUE_CAP = 8        # room for the 2 to 4 attempts LONG_SECONDS needs, on a loaded machine too
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    try:
+        c = Cluster(tmp_path_factory.mktemp("slurm")).start()
+    except ClusterUnavailable as exc:
+        if os.environ.get("HPCFL_REQUIRE_SLURM") == "1":
+            pytest.fail(f"HPCFL_REQUIRE_SLURM=1 but the test cluster did not start: {exc}")
+        pytest.skip(f"no Slurm test cluster: {exc}")
+    yield c
+    c.stop()
+
+
+class Work:
+    """A folder to submit from, laid out as the repository root (``jobs/`` is the repo's), so
+    the templates' default JOB and OUT paths work as for a user; ``python`` on PATH is this
+    interpreter."""
+
+    def __init__(self, cluster: Cluster, d: Path):
+        self.cluster, self.dir = cluster, d
+        (d / "jobs").symlink_to(ROOT / "jobs")
+        bin_ = d / "bin"
+        bin_.mkdir()
+        (bin_ / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (bin_ / "python").chmod(0o755)
+        base = {k: v for k, v in os.environ.items() if k not in TEMPLATE_ENV}
+        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        self.env = cluster.env(base, PATH=f"{bin_}{os.pathsep}{base.get('PATH', '')}", PYTHONPATH=pythonpath)
+
+    def sbatch(self, template, *options, **env) -> int:
+        script = template if isinstance(template, Path) else ROOT / "slurm" / f"{template}.sbatch"
+        extra = {k: str(v) for k, v in env.items()}
+        return self.cluster.sbatch(script, *options, cwd=self.dir, env={**self.env, **extra})
+
+    def sbatch_wrap(self, command, *options) -> int:
+        """A job without a template: ``sbatch --wrap COMMAND``, its log named as the templates' are."""
+        p = self.cluster._run("sbatch", "--parsable", "--output=slurm-wrap-%j.out", *options, "--wrap", command,
+                              cwd=self.dir, env=self.env)
+        assert p.returncode == 0, p.stderr
+        return int(p.stdout.strip().split(";")[0])
+
+    def log_path(self, job_id, task=None) -> Path:
+        found = list(self.dir.glob(f"slurm-*-{job_id}.out" if task is None else f"slurm-*-{job_id}_{task}.out"))
+        return found[0] if found else self.dir / f"(no log of job {job_id})"
+
+    def log(self, job_id, task=None) -> str:
+        p = self.log_path(job_id, task)
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def wait_log(self, job_id, pattern, count=1, timeout=180) -> str:
+        """Until the job's log matches ``pattern`` (a regex) ``count`` times; fails if the job ends
+        first or at the timeout (and then cancels it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ended = (self.cluster.jobs(job_id) or [{}])[0].get("JobState") in TERMINAL
+            text = self.log(job_id)
+            if len(re.findall(pattern, text)) >= count:
+                return text
+            if ended:
+                raise AssertionError(f"job {job_id} ended before its log had {pattern!r} x{count}:\n{text[-3000:]}")
+            time.sleep(0.25)
+        self.cluster.cancel(job_id)
+        raise AssertionError(f"job {job_id}: {pattern!r} x{count} not in its log after {timeout} s:\n"
+                             f"{self.log(job_id)[-3000:]}")
+
+    def job_file(self, name, base: Path, rounds: int) -> Path:
+        text = base.read_text()
+        assert "\nrounds = 30\n" in text
+        path = self.dir / name
+        path.write_text(text.replace("\nrounds = 30\n", f"\nrounds = {rounds}\n"))
+        return path
+
+
+@pytest.fixture
+def work(cluster, tmp_path):
+    return Work(cluster, tmp_path)
+
+
+def one(records):
+    assert len(records) == 1, records
+    return records[0]
+
+
+def stopped_rounds(log, signal):
+    return [int(r) for r in re.findall(rf"stopped by {signal} after round (\d+) with a checkpoint", log)]
+
+
+def resumed_rounds(log):
+    return [int(r) for r in re.findall(r"resuming from ckpt-\d+\.h5 \(written after round (\d+)\)", log)]
+
+
+# ---- references, outside Slurm -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def quick_ref(tmp_path_factory):
+    """The quickstart at 2 ranks under mpiexec."""
+    out = tmp_path_factory.mktemp("quick_ref") / "out"
+    p = hpcfl("run", str(QUICK), "--out", str(out), *TEMPLATE_SETS, ranks=2, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+class LongJob:
+    """The quickstart with enough rounds to run about LONG_SECONDS at 1 rank on this machine now
+    (measured on 20 rounds), and its uninterrupted run at 1 rank, started in the background
+    while the Slurm jobs run; :meth:`ref` waits for it."""
+
+    def __init__(self, d: Path):
+        calib = hpcfl("run", str(QUICK), "--out", str(d / "calib"), *TEMPLATE_SETS, "--set", "run.rounds=20",
+                      timeout=300)
+        assert calib.returncode == 0, calib.stderr
+        startup = float(re.search(r"startup ([\d.]+) s", calib.stdout).group(1))
+        wall = float(re.search(r"wall time\s*\|\s*([\d.]+) s", calib.stdout).group(1))
+        per_round = max(wall - startup, 0.1) / 20
+        self.rounds = min(max(math.ceil(LONG_SECONDS / per_round), 200), 4000)
+        self.path = d / "long.toml"
+        self.path.write_text(QUICK.read_text().replace("\nrounds = 30\n", f"\nrounds = {self.rounds}\n"))
+        self.out = d / "out"
+        self.proc = start("run", str(self.path), "--out", str(self.out), *TEMPLATE_SETS)
+
+    def ref(self, timeout=600) -> Path:
+        out, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, err
+        return self.out
+
+
+@pytest.fixture(scope="module")
+def long_job(tmp_path_factory):
+    job = LongJob(tmp_path_factory.mktemp("long"))
+    yield job
+    if job.proc.poll() is None:
+        job.proc.kill()
+        job.proc.wait()
+
+
+# ---- the templates ---------------------------------------------------------------------
+
+def test_cpu_only_two_ranks_complete_as_under_mpiexec(cluster, work, quick_ref):
+    """cpu_only.sbatch as shipped (JOB, OUT, HPCFL_MPI=pmi2), 2 ranks of 1 core: one world of
+    2 ranks, COMPLETED, and the results bitwise those of mpiexec -n 2."""
+    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
+    rec = one(cluster.wait_done(jid, timeout=300, log=work.log_path(jid)))
+    log = work.log(jid)
+    assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert cluster.completions(jid)[-1]["JobState"] == "COMPLETED"
+    assert log.count("2 rank(s)") == 1 and "1 rank(s)" not in log, log
+    assert "Slurm started" not in log
+    assert_same_run(work.dir / "runs" / "quickstart-cpu", quick_ref)
+
+
+def test_requeue_signal_before_the_limit_checkpoint_requeue_resume(cluster, work, long_job):
+    """requeue.sbatch with --time=1 and its --signal brought to @WARN: Slurm's USR1 reaches the
+    batch shell, is forwarded, the rank checkpoints and exits 75, the job is requeued with
+    SLURM_RESTART_COUNT set, the next attempt resumes; at the end the results are bitwise those
+    of the uninterrupted run."""
+    signal_opt = re.sub(r"@\d+$", f"@{WARN}", directives("requeue")["--signal"])   # keeps B:USR1
+    assert signal_opt == f"B:USR1@{WARN}"
+    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks=1", *ONE_CORE, "--time=1",
+                      f"--signal={signal_opt}", JOB=long_job.path, HPCFL_DEVICE="cpu", MAX_REQUEUES=REQUEUE_CAP)
+    rec = one(cluster.wait_done(jid, timeout=REQUEUE_CAP * 75, log=work.log_path(jid)))
+    log = work.log(jid)
+    assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log
+    restarts = int(rec["Restarts"])
+    assert restarts >= 1, f"never stopped: {long_job.rounds} rounds finished within one attempt\n{log}"
+    assert log.count("got USR1") == restarts, log
+    assert log.count("task 0: Exited with exit code 75") == restarts, log
+    stops = stopped_rounds(log, "SIGUSR1")
+    # (a stop that lands in the last round checkpoints round N of N; the next attempt only finishes)
+    assert len(stops) == restarts and stops == sorted(stops) and stops[-1] <= long_job.rounds, log
+    assert resumed_rounds(log) == stops, "each attempt resumes where the one before stopped"
+    for k in range(1, restarts + 1):   # SLURM_RESTART_COUNT as the template reads it
+        assert f"requeue {k} of at most {REQUEUE_CAP})" in log and f"attempt {k + 1}, out" in log, log
+    assert "hpcfl: finished" in log and "TIMEOUT" not in log and "CANCELLED DUE TO TIME LIMIT" not in log
+    assert [r["JobState"] for r in cluster.completions(jid)] == ["PENDING"] * restarts + ["COMPLETED"]
+    assert_same_run(work.dir / "runs" / "quickstart-long", long_job.ref())
+
+
+def test_requeue_cap_is_honoured(cluster, work):
+    """MAX_REQUEUES=1 and a job that would run for hours, stopped by hand as slurm/README.md
+    says (scancel --signal=USR1 --batch): the first stop is requeued, the second is not (the job
+    ends FAILED with 75 and says how to go on); the checkpoint of the last stop is there."""
+    job = work.job_file("endless.toml", QUICK, rounds=100000)
+    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks=1", *ONE_CORE, JOB=job, HPCFL_DEVICE="cpu",
+                      MAX_REQUEUES=1)
+    work.wait_log(jid, r"startup [\d.]+ s")           # the rank is about to train
+    cluster.signal(jid, "USR1", batch=True)
+    work.wait_log(jid, r"startup [\d.]+ s", count=2)  # requeued, and training again
+    assert "attempt 2, out" in work.log(jid)
+    cluster.signal(jid, "USR1", batch=True)
+    log = work.wait_log(jid, r"NOT FINISHED|requeue 2 of")
+    assert "requeue 2 of" not in log, log
+    rec = one(cluster.wait_done(jid, timeout=120, log=work.log_path(jid)))
+    log = work.log(jid)
+    assert (rec["JobState"], rec["ExitCode"], rec["Restarts"]) == ("FAILED", "75:0", "1"), log
+    assert "requeue 1 of at most 1)" in log and "requeue 2 of" not in log
+    assert "NOT FINISHED after 1 requeue(s) (MAX_REQUEUES=1)" in log
+    assert [r["JobState"] for r in cluster.completions(jid)] == ["PENDING", "FAILED"]
+    stops = stopped_rounds(log, "SIGUSR1")
+    assert len(stops) == 2 and resumed_rounds(log) == stops[:1], log
+    ckpts = sorted((work.dir / "runs" / "quickstart-long" / "checkpoints").glob("ckpt-*.h5"))
+    assert ckpts and ckpts[-1].name == f"ckpt-{stops[-1]:08d}.h5"
+
+
+def test_scancel_term_checkpoints_and_a_resubmission_resumes(cluster, work, quick_ref):
+    """scancel --signal=TERM on a running cpu_only job (2 ranks, the quickstart), sent as its
+    rounds begin: the ranks checkpoint, the job ends with 75 (FAILED, as Slurm names a non-zero
+    exit); submitting it again resumes and finishes with mpiexec's results."""
+    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
+    work.wait_log(jid, r"startup [\d.]+ s")   # printed as round 1 starts: the TERM lands mid-run
+    cluster.signal(jid, "TERM")
+    rec = one(cluster.wait_done(jid, timeout=120, log=work.log_path(jid)))
+    log = work.log(jid)
+    assert (rec["JobState"], rec["ExitCode"]) == ("FAILED", "75:0"), log
+    stops = stopped_rounds(log, "SIGTERM")
+    assert len(stops) == 1 and stops[0] < 30, log
+    out = work.dir / "runs" / "quickstart-cpu"
+    assert (out / "checkpoints" / f"ckpt-{stops[0]:08d}.h5").exists()
+
+    jid2 = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
+    rec = one(cluster.wait_done(jid2, timeout=300, log=work.log_path(jid2)))
+    log2 = work.log(jid2)
+    assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log2
+    assert resumed_rounds(log2) == stops, log2
+    assert_same_run(out, quick_ref)
+
+
+def test_array_tasks_run_their_own_points(cluster, work):
+    """array_sweep.sbatch over the quickstart sweep (3 rounds a point): --array=0-5 as shipped,
+    task i runs point i (its algorithm and seed), and hpcfl report shows all 6 finished."""
+    from hpcfl import sweep
+    from hpcfl.results import load
+
+    job = work.job_file("sweep.toml", SWEEP, rounds=3)
+    jid = work.sbatch("array_sweep", "--ntasks=1", *ONE_CORE, JOB=job, HPCFL_SWEEP="sq", HPCFL_DEVICE="cpu")
+    recs = cluster.wait_done(jid, timeout=600)
+    assert sorted(int(r["ArrayTaskId"]) for r in recs) == list(range(6)), recs
+    points = sweep.expand(job, []).points
+    assert len(points) == 6
+    for r in recs:
+        i = int(r["ArrayTaskId"])
+        log = work.log(jid, i)
+        assert (r["JobState"], r["ExitCode"]) == ("COMPLETED", "0:0"), log
+        assert f"array task {i}: point {i} of {job}" in log
+        point = points[i]
+        res = load(work.dir / "runs" / "sweep" / "sq" / point.name)
+        assert res.attrs["status"] == "finished"
+        cfg = res.attrs["config"]
+        values = dict(s.split("=", 1) for s in point.sets)
+        assert cfg["algorithm"]["name"] == values["algorithm.name"] and str(cfg["run"]["seed"]) == values["run.seed"]
+    p = hpcfl("report", str(work.dir / "runs" / "sweep" / "sq"), "--format", "json", timeout=120)
+    assert p.returncode == 0, p.stderr
+    runs = [run for group in json.loads(p.stdout) for run in group["runs"]]
+    assert sorted(Path(run["path"]).parent.name for run in runs) == sorted(pt.name for pt in points)
+    assert all(run["status"] == "finished" and run["rounds"] == 3 for run in runs), runs
+
+
+# ---- launching ranks -------------------------------------------------------------------
+
+def test_srun_without_pmi_stops_every_task_with_exit_2(cluster, work):
+    """HPCFL_MPI empty: srun uses the site's MpiDefault (none here), as the templates did before:
+    two 1-rank worlds. Every task exits 2 before touching OUT; the fix is printed once."""
+    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE, HPCFL_MPI="")
+    rec = one(cluster.wait_done(jid, timeout=180, log=work.log_path(jid)))
+    log = work.log(jid)
+    assert (rec["JobState"], rec["ExitCode"]) == ("FAILED", "2:0"), log
+    assert log.count("Slurm started 2 tasks in this step") == 1 and "srun --mpi=pmi2" in log, log
+    # srun names the tasks that exited 2: "tasks 0-1", or one line per task
+    assert re.search(r"tasks 0-1: Exited with exit code 2", log) or (
+        "task 0: Exited with exit code 2" in log and "task 1: Exited with exit code 2" in log), log
+    assert not (work.dir / "runs").exists()
+
+
+def test_mpiexec_inside_the_allocation_is_one_world(cluster, work):
+    """The other way to start the ranks: mpiexec (the wheel's hydra) inside an sbatch allocation
+    of 2 tasks: one world of 2, no warning."""
+    jid = work.sbatch_wrap("mpiexec -n 2 python -m mpi4py -m hpcfl info", "--ntasks=2", *ONE_CORE)
+    rec = one(cluster.wait_done(jid, timeout=180, log=work.log_path(jid)))
+    log = work.log(jid)
+    assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert "ranks: 2" in log and "ranks: 1" not in log and "Slurm started" not in log, log
