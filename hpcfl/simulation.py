@@ -337,7 +337,7 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
             control.phase("checkpoint", rnd)
             checkpoint(done, to_host(x), sim_time)
             control.checkpointed()
-        if stop:
+        if stop and done < cfg.run.rounds:   # a stop after the last round changes nothing: the run finishes
             raise Stopped(f"stopped by {stop} after round {done} with a checkpoint")
     return to_host(x)
 
