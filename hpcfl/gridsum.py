@@ -206,15 +206,28 @@ def _compile():
 
     @numba.njit("void(int64[::1], int64[::1], int64[::1], int64, int64, int64[::1], float64[::1], float64[::1])",
                 cache=True, nogil=True)
-    def convert(lo, hi, top, limbs, s_bits, starts, unit, out):   # pragma: no cover - compiled
+    def convert_mixed(lo, hi, top, limbs, s_bits, starts, unit, out):   # pragma: no cover - compiled
         for k in range(unit.shape[0]):
             u = unit[k]
             for j in range(starts[k], starts[k + 1]):
                 t = top[j] if limbs > 2 else 0
-                if limbs == 1 or (hi[j] == 0 and t == 0):   # the low limb alone: int64 -> float64 rounds once
+                if hi[j] == 0 and t == 0:   # the low limb alone: int64 -> float64 rounds once
                     out[j] = np.float64(lo[j]) * u
                 else:
                     out[j] = to_float(lo[j], hi[j], t, s_bits) * u
+
+    @numba.njit("void(int64[::1], int64[::1], float64[::1], float64[::1])", cache=True, nogil=True)
+    def convert_low(lo, starts, unit, out):   # pragma: no cover - compiled
+        for k in range(unit.shape[0]):        # no branch in the loop: the usual round, one limb
+            u = unit[k]
+            for j in range(starts[k], starts[k + 1]):
+                out[j] = np.float64(lo[j]) * u
+
+    def convert(lo, hi, top, limbs, s_bits, starts, unit, out):
+        if limbs == 1:
+            convert_low(lo, starts, unit, out)
+        else:
+            convert_mixed(lo, hi, top, limbs, s_bits, starts, unit, out)
 
     return deposit, convert
 
@@ -379,7 +392,7 @@ class GridSum:
         """The summed limbs as float64, (L,): one rounding per element of the exact integer sum;
         * 2**G is exact (G is clipped so that 2**G is a normal float), so sums that differ by a
         power of two stay exactly apart."""
-        out = np.empty(self.length, dtype=np.float64)
+        out = np.empty(self.length, dtype=np.float64)   # a fresh array: callers may keep a round's sums
         self._convert(self.lo, self.hi, self.top, limbs, self.s_bits, self.starts, np.ldexp(1.0, self.grid), out)
         return out
 
