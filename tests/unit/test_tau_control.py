@@ -7,7 +7,10 @@ AdaComm (Wang & Joshi, SysML 2019); AFL (Wang et al., JSAC 2019).
 
 A scripted consistency sequence is fed as one coordinate S = c, A = 1 with theta = 0: the pools
 are then that round's P = (1 + c)/2, N = (c - 1)/2 and C = |P + N| / (P - N) = c up to one
-rounding, which keeps every comparison the scripts rely on (their steps are >= 1e-3). The toy of
+rounding, which keeps every comparison the scripts rely on (their steps are >= 1e-3). The
+scripts of the controller's mechanics (patience, warm-up, peak guard, relaxation) run with the
+absolute threshold alone (eps_rel = 0), so that their steps can be written in hundredths; the
+default relative threshold has its own tests (test_B2_relative_*). The toy of
 Fig. 1 (L1 = (w + 2)^2, L2 = (w - 10)^2 / 5, full-batch GD, two clients, unweighted mean) runs as
 a plain Python loop written here; its fixed point has the closed form of C1.
 """
@@ -34,8 +37,9 @@ def raw_metric(U: np.ndarray, reduce: str) -> float:
 
 
 def scripted(Cs, tau0=100, **kw) -> list:
-    """Decisions of a controller fed the consistency sequence Cs (see the module docstring)."""
-    ctl = GiftController(tau0, size=1, theta=0.0, **kw)
+    """Decisions of a controller fed the consistency sequence Cs (see the module docstring);
+    eps_rel = 0 unless given."""
+    ctl = GiftController(tau0, size=1, theta=0.0, **{"eps_rel": 0.0, **kw})
     return [ctl.step(np.array([c]), np.array([1.0])) for c in Cs]
 
 
@@ -273,6 +277,69 @@ def test_B2_ema_reset_on_change(reset):
     assert [x.C for x in d[:3]] == pytest.approx([1, 0.09 / 0.19, 0.181 / 0.271], rel=1e-12)
     assert [x.tau_next for x in d] == [4, 4, 2, 2] and d[2].reason == "stagnation"
     assert d[3].C == pytest.approx(0.2 if reset else 0.1829 / 0.3439, rel=1e-12)
+
+
+def geometric(rate, rounds, scale):
+    """C_r = scale (1 - rate)^r, r = 1..rounds: C improves by the fraction ``rate`` of itself every round."""
+    return [scale * (1 - rate) ** r for r in range(1, rounds + 1)]
+
+
+@pytest.mark.parametrize("scale", [0.66, 0.2, 0.05])
+def test_B2_relative_threshold_stalls_on_slow_relative_progress(scale):
+    """Default controller (eps_rel 0.1, eps_abs 1e-3, patience and warm-up 10, peak guard): C falling by
+    0.5% of itself a round. Round 1 is not tracked (the guard waits for a fall), round 2 sets c_min; a new
+    minimum needs C < 0.9 c_min, i.e. 0.995^k < 0.9, k = 22 rounds > patience, so tau halves at round 12
+    (r - r_min = 10, warm-up 12 >= 10). After the change round 13 sets c_min again and round 23 halves,
+    then 34, 45: every 11 rounds. The same at every scale of C (its improvement relative to itself is what
+    counts; here 0.1 c_min > eps_abs throughout), which the absolute threshold alone does not do: with
+    eps_rel = 0 C falls by more than 1e-3 a round at scale 0.66 (0.0033) and tau never moves."""
+    d = scripted(geometric(0.005, 50, scale), eps_rel=0.1)
+    assert [(i + 1, x.tau_next) for i, x in enumerate(d) if x.reason] == [(12, 50), (23, 25), (34, 13), (45, 7)]
+    assert all(x.reason in (None, "stagnation") for x in d)
+    if scale == 0.66:
+        assert taus(scripted(geometric(0.005, 50, scale))) == [100] * 50
+
+
+@pytest.mark.parametrize("scale", [0.66, 0.05])
+def test_B2_relative_threshold_keeps_tau_while_C_improves(scale):
+    """C falling by 2% of itself a round: 0.98^k < 0.9 after k = 6 rounds < patience, so a new minimum
+    comes every 6 rounds and tau never moves in 100 rounds (C goes from scale to 0.13 scale; 0.1 c_min
+    stays above eps_abs = 1e-3 for scale 0.05 down to c_min = 0.01, which 0.05 0.98^80 reaches)."""
+    assert taus(scripted(geometric(0.02, 80, scale), eps_rel=0.1)) == [100] * 80
+
+
+def test_B2_relative_is_the_default_and_eps_abs_the_floor_near_zero():
+    """A default-built controller decides as eps_rel = 0.1 with eps_abs = 1e-3: the 0.5% schedule above.
+    Near 0 the absolute floor decides: C = 5e-4 0.9^r (the toy's theta^r decay, 10% a round) makes a new
+    minimum 0.1 c_min lower every 2 rounds, but C is below 1e-3 altogether, so with the floor no round
+    after round 2's c_min is a new minimum and tau halves at round 12; without it (eps_abs = 0) it never does."""
+    ctl = GiftController(100, size=1, theta=0.0)
+    got = [ctl.step(np.array([c]), np.array([1.0])).tau_next for c in geometric(0.005, 50, 0.66)]
+    assert got == taus(scripted(geometric(0.005, 50, 0.66), eps_rel=0.1))
+    near_zero = geometric(0.1, 30, 5e-4)
+    assert [i + 1 for i, x in enumerate(scripted(near_zero, eps_rel=0.1)) if x.reason][:1] == [12]
+    assert taus(scripted(near_zero, eps_rel=0.1, eps_abs=0.0)) == [100] * 30
+
+
+def test_B2_default_resets_the_pools_on_a_change():
+    """The default controller zeroes P~ and N~ when tau changes (reset_ema_on_tau_change defaults to true):
+    the round after the change reports its own raw metric, as test_B2_ema_reset_on_change[True] does."""
+    ctl = GiftController(4, size=1, theta=0.9, warmup=0, patience=1)
+    d = [ctl.step(np.array([c]), np.array([1.0])) for c in (1.0, 0.0, 1.0)]
+    assert d[-1].tau_next == 2 and not ctl.ema.P.any() and not ctl.ema.N.any()
+    assert ctl.step(np.array([0.2]), np.array([1.0])).C == pytest.approx(0.2, rel=1e-12)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_B1_literal_never_resets_the_pools(reset):
+    """Algorithm 1 has no reset: in literal mode the pools carry over a change whatever
+    reset_ema_on_tau_change says. theta 0.9, rounds S = c, A = 1 with c = 1, 0, 1, 0.2: C = 1, 0.09/0.19,
+    0.181/0.271 (>= C_2: line 12 halves 4 to 2 at round 3), then without a reset 0.1829/0.3439 < C_3, so
+    tau stays 2 (a reset would report 0.2)."""
+    ctl = GiftController(4, size=1, theta=0.9, mode="literal", reset_ema_on_tau_change=reset)
+    d = [ctl.step(np.array([c]), np.array([1.0])) for c in (1.0, 0.0, 1.0, 0.2)]
+    assert [x.tau_next for x in d] == [4, 4, 2, 2] and d[2].reason == "literal"
+    assert d[3].C == pytest.approx(0.1829 / 0.3439, rel=1e-12)
 
 
 @pytest.mark.parametrize("phase", ["always", "initial"])
