@@ -95,6 +95,7 @@ def flip_drops(partition, rounds, clean_first=None):
     return out
 
 
+@pytest.mark.timeout(600)   # five runs besides the fixture's, on a busy 2-core machine
 def test_b4_label_flip_lowers_the_clients_gsnr_iid(observed):
     """The checks: client 0's median GSNR drops by at least 15% when its labels are shifted (y + 3 mod 10),
     here as the mean over three seeds of the relative drop (one seed is a sample of one partition and
@@ -109,6 +110,7 @@ def test_b4_label_flip_lowers_the_clients_gsnr_iid(observed):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)   # above setup.cfg's 300 s: six 100-round runs on a busy 2-core machine
 def test_b4_label_flip_lowers_the_abundant_clients_gsnr_nonbalance():
     """NonBalance, 100 rounds: client 0 holds all ten classes (the abundant one) and its median GSNR drops
     by at least 15% when flipped, as the mean over seeds 100-102. Measured: -15.8%, -17.4%, -16.0%

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from runner import run_parallel
 
+pytestmark = pytest.mark.timeout(900)   # the module fixture runs the six jobs first (minutes on a busy machine)
+
 SEEDS = (0, 1, 2)
 ROUNDS, TAU0, WINDOW = 100, 50, 5
 CLIENTS = 20

@@ -115,6 +115,22 @@ def test_B5_state_round_trip_continues_bitwise():
     assert all(trail) and a.iters > 0
 
 
+def test_default_options_divide_on_relative_stagnation_and_reset_the_pools():
+    """GiftOptions() defaults through the policy (theta 0 so that C is each round's raw metric, S = c and
+    A = 1 on one coordinate): C = 0.66 * 0.995^r improves by 0.5% a round, under the default eps_rel = 0.1
+    no new minimum comes after round 2, so tau halves at round 12 (patience 10); and the default reset
+    leaves both pools zero right after that change (test_tau_control.py has the hand-worked cases)."""
+    pol = GiftSteps(GiftOptions(theta=0.0), 16, 1, False)
+    events = []
+    for r in range(1, 13):
+        c = 0.66 * 0.995**r
+        tau, why = pol.decide(None, {"delta": np.array([c]), "gift_abs": np.array([1.0])}, {"weight": 1.0, "count": 1.0})
+        pol.receive(tau)
+        events += [(r, tau, why)] if why else []
+    assert events == [(12, 8, "stagnation")]
+    assert not pol.ctl.pools().any()
+
+
 def test_events_table_lists_the_changes():
     t = events_table([1, 2, 3, 4], [8, 8, 4, 4], [8, 4, 4, 9], [0, 1, 0, 2])
     assert t.tolist() == [(2, 8, 4, b"stagnation"), (4, 4, 9, b"relax")]
