@@ -56,8 +56,9 @@ def test_e2e1_niid2_full_participation_disco_is_no_worse_than_fedavg():
     thing: the unbiased client's weight goes from 1/6 to 8/33 (1.45x; the biased ones from 1/6 to 5/33), so
     the expected effect is a few tenths of a point either way. The FedDisco checks' numpy prototype
     reported +0.61 points on 10 of 10 seeds; here seeds 0-4 gave +0.40, -0.40, -0.28, -0.08, +0.28 (mean
-    -0.02) and held-out seeds -0.12, -0.20, -1.00 (review; bench/fidelity_figures.py disco prints its own):
-    the gain is not there at this scale, so this checks the direction that holds, no loss beyond a margin.
+    -0.02), held-out seeds 10-12 +0.40, +0.04, +0.56 (python bench/fidelity_figures.py disco) and a
+    review's held-out seeds -0.12, -0.20, -1.00: the gain is not reliably there at this scale, so this
+    checks the direction that holds, no loss beyond a margin.
     Margin: 0.5 points on the 5-seed mean (2.5 of the 500 test images) and 1.5 points on any one seed."""
     rows = paired(FULL)
     gains = [100 * (d[-5:].mean() - a[-5:].mean()) for a, d in rows]
@@ -70,14 +71,15 @@ def test_e2e1_niid2_full_participation_disco_is_no_worse_than_fedavg():
 @pytest.mark.timeout(900)
 def test_e2e2_niid2_partial_participation_disco_gains_and_is_steadier():
     """Superiority under partial participation (10 of 30 clients a round, 5 unbiased): FedDisco is ahead on
-    every seed and by at least 1 point on the mean over seeds 0-4; measured +1.16, +1.52, +2.52, +2.88, +1.20
-    (mean +1.86), and its accuracy varies less over the last 10 rounds."""
+    every seed and by at least 0.5 points on the mean over seeds 0-4, and its accuracy varies less over the
+    last 10 rounds. Measured: +1.16, +1.52, +2.52, +2.88, +1.20 (mean +1.86); held-out seeds 10-12 (python
+    bench/fidelity_figures.py disco) +1.08, +1.20, +0.60 (mean +0.96)."""
     rows = paired(PARTIAL)
     gains = [100 * (d[-5:].mean() - a[-5:].mean()) for a, d in rows]
     std_avg = np.mean([a[-10:].std() for a, _ in rows])
     std_disco = np.mean([d[-10:].std() for _, d in rows])
     print("E2E-2 gains (pt):", [round(float(g), 2) for g in gains], "std last 10:", std_avg, std_disco)
-    assert np.mean(gains) >= 1.0, gains
+    assert np.mean(gains) >= 0.5, gains
     assert min(gains) > 0, gains
     assert std_disco <= std_avg
 

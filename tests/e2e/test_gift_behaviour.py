@@ -58,9 +58,12 @@ def runs():
 
 def test_default_gift_reaches_fixed_taus_accuracy_in_less_simulated_time(runs):
     """Per seed: GIFT divides tau (at least twice, never raises it, and not before round 20: C has to
-    stall first) and reaches fixed tau's final accuracy (mean of its last 10 evaluations) in at most
-    0.85x the simulated time fixed tau takes to reach it. Measured, seeds 0/1/2: first division at
-    rounds 56/53/63, time ratio 0.72/0.66/0.76, total simulated time 181/162/190 s against 252 s."""
+    stall first) and reaches fixed tau's final accuracy (mean of its last 10 evaluations) in less
+    simulated time than fixed tau takes to reach it; on the mean over the seeds in at most 0.85x.
+    Measured, seeds 0/1/2: first division at rounds 56/53/63, time ratio 0.72/0.66/0.76 (mean 0.71),
+    total simulated time 181/162/190 s against 252 s. Held-out seeds 10/11/12 (python
+    bench/fidelity_figures.py gift): first division at 76/67/55, ratio 0.92/0.77/0.67 (mean 0.79)."""
+    ratios = []
     for seed in SEEDS:
         g, f = runs[seed, "stagnation"], runs[seed, "fixed"]
         taus = np.array([m["tau_used"] for m in g] + [g[-1]["tau_next"]])
@@ -73,4 +76,6 @@ def test_default_gift_reaches_fixed_taus_accuracy_in_less_simulated_time(runs):
         assert np.all(np.diff(taus) <= 0) and np.count_nonzero(np.diff(taus)) >= 2
         assert first >= 20
         assert all(m["tau_used"] == TAU0 for m in f)
-        assert ratio <= 0.85
+        assert ratio < 1
+        ratios.append(ratio)
+    assert np.mean(ratios) <= 0.85, ratios
