@@ -191,7 +191,8 @@ def disco(seeds: list[int], workers: int) -> None:
     tables = [disco_job(s, setting, w) for setting in DISCO for s in seeds for w in ("size", "disco")]
     res = run_all(tables, workers)
     for k, setting in enumerate(DISCO):
-        print(f"\nFedDisco minus FedAvg, NIID-2 digits, {setting} participation: mean accuracy of rounds 26-30 (points)")
+        print(f"\nFedDisco minus FedAvg, NIID-2 digits, {setting} participation: "
+              "mean accuracy of rounds 26-30 (points)")
         gains = []
         for i, s in enumerate(seeds):
             avg, dsc = res[k * 2 * len(seeds) + 2 * i], res[k * 2 * len(seeds) + 2 * i + 1]

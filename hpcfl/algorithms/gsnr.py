@@ -98,7 +98,7 @@ class GsnrSteps(Policy):
             raise ConfigError("algorithm.steps = 'gsnr' shares a budget of algorithm.local_steps steps per client; "
                               "set algorithm.local_steps > 0, the paper's E_const (e.g. --set algorithm.local_steps=20)")
         self.opts, self.e_const, self.num_params = opts, e_const, num_params
-        self.batch = int(batch_size)             # Theorem 3.7's B: the SGD mini-batch, not stat_batch
+        self.batch = int(batch_size)   # Theorem 3.7's B: the SGD mini-batch, not stat_batch
         self.values: np.ndarray | None = None   # (k, 4) [n_opt, gsnr, M, N] of the round's cohort
         self.L = float("nan")
 

@@ -104,7 +104,7 @@ def test_b4_label_flip_lowers_the_clients_gsnr_iid(observed):
     fixture's: about 50 s of CPU."""
     rows = flip_drops("iid", 40, clean_first=observed["iid"][0])
     drops = [1 - f / c for c, f, _, _ in rows]
-    print("IID client 0 median GSNR clean -> flipped:", [(round(float(c), 3), round(float(f), 3)) for c, f, _, _ in rows])
+    print("IID client 0 median GSNR clean -> flipped:", [(round(float(c), 3), round(float(f), 3)) for c, f, *_ in rows])
     assert np.mean(drops) >= 0.15, drops
     assert all(f < others for _, f, others, _ in rows)
 
@@ -117,7 +117,8 @@ def test_b4_label_flip_lowers_the_abundant_clients_gsnr_nonbalance():
     (mean -16.4%). Six runs of 100 rounds: about 3 minutes of CPU, hence slow."""
     rows = flip_drops("nonbalance", 100)
     drops = [1 - f / c for c, f, _, _ in rows]
-    print("NonBalance client 0 median GSNR clean -> flipped:", [(round(float(c), 3), round(float(f), 3)) for c, f, _, _ in rows])
+    print("NonBalance client 0 median GSNR clean -> flipped:",
+          [(round(float(c), 3), round(float(f), 3)) for c, f, *_ in rows])
     assert all(classes == 10 for *_, classes in rows)   # abundant first
     assert np.mean(drops) >= 0.15, drops
 

@@ -31,7 +31,8 @@ CLIENTS = 20
 def job(seed, mode):
     return {
         "run": {"name": "gift_b", "seed": seed, "rounds": ROUNDS, "eval_every": 1},
-        "data": {"dataset": "digits", "num_clients": CLIENTS, "partition": "label_k", "label_k": {"classes_per_client": 2}},
+        "data": {"dataset": "digits", "num_clients": CLIENTS, "partition": "label_k",
+                 "label_k": {"classes_per_client": 2}},
         "model": {"name": "mlp", "mlp": {"hidden": [32]}},
         "algorithm": {"name": "gift", "lr": 0.05, "batch_size": 32, "local_steps": TAU0, "clients_per_round": 0,
                       "gift": {"mode": mode}},

@@ -124,7 +124,8 @@ def test_default_options_divide_on_relative_stagnation_and_reset_the_pools():
     events = []
     for r in range(1, 13):
         c = 0.66 * 0.995**r
-        tau, why = pol.decide(None, {"delta": np.array([c]), "gift_abs": np.array([1.0])}, {"weight": 1.0, "count": 1.0})
+        seg = {"delta": np.array([c]), "gift_abs": np.array([1.0])}
+        tau, why = pol.decide(None, seg, {"weight": 1.0, "count": 1.0})
         pol.receive(tau)
         events += [(r, tau, why)] if why else []
     assert events == [(12, 8, "stagnation")]

@@ -179,8 +179,8 @@ def test_recorded_values_are_eqs_8_9_and_theorem_3_7_of_the_clients_statistics(m
         return out
 
     monkeypatch.setattr(gsnr_module.GsnrSteps, "_moments", spy)
-    _, metrics, clients = run_memory(gsnr_job(**{"run.rounds": 2, "algorithm.batch_size": 16,
-                                                  "algorithm.gsnr.stat_batch": 24}), MPI.COMM_SELF)
+    table = gsnr_job(**{"run.rounds": 2, "algorithm.batch_size": 16, "algorithm.gsnr.stat_batch": 24})
+    _, metrics, clients = run_memory(table, MPI.COMM_SELF)
     B = 16
     for (sizes, stats_), m, c in zip(seen, metrics, clients):
         assert len(set(sizes.tolist())) > 1                                   # unequal sizes: p is not uniform
