@@ -8,15 +8,22 @@ With D_i = x_i - x^t the update of client i (a displacement), S_i its executed l
 the complete clients K2 = {i : steps_i = full_steps_i} and their mean
 Dbar = sum_{K2} p_j D_j / sum_{K2} p_j, every incomplete client's update is replaced by
 
-    D~_i = D_i + lam * G_i (Dbar + sigma * D_i),      g_i = D_i / (lr * S_i)   (avg_update)
+    D~_i = D_i + lam * G_i (beta * Dbar + sigma * D_i),      g_i = D_i / (lr * S_i)   (avg_update)
 
 with G_i = g_i g_i^T applied as g_i (g_i . v) (``hessian = "rank1"``, never an n x n matrix)
-or diag(g_i * g_i) (``"diag"``), sigma = +1 for the paper's Table I sign reading
-(``variant = "A_table1"``, the default: it extends slow updates) and -1 for the
-Algorithm 1 reading (``"B_alg1"``: it shrinks them). Then the server averages
-sum_i p_i D~_i / sum_i p_i as FedAvg does (and the server optimizer applies server_lr,
-the paper's eta_g). Under rank1 + avg_update, D~_i = alpha_i D_i with
-alpha_i = 1 + lam (D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2.
+or diag(g_i * g_i) (``"diag"``). The signs (beta, sigma) are the reading of the paper's
+contradictory sign convention (``variant``, docs/algorithms/fedlga.md):
+
+- ``"C_pseudo"`` (default), (-1, +1): Table I's pseudo-gradients w^t - w_i in every line of
+  Algorithm 2, D~_i = D_i + lam G_i (D_i - Dbar); it extends slow updates;
+- ``"B_alg1"``, (+1, -1): Algorithm 1's displacements in every line, D + lam G (Dbar - D);
+  it shrinks them (the mirror image of C_pseudo);
+- ``"A_table1"``, (+1, +1): line 7 read with pseudo-gradients but line 14 with
+  displacements, D + lam G (Dbar + D); mixes the two conventions, kept for comparison.
+
+Then the server averages sum_i p_i D~_i / sum_i p_i as FedAvg does (and the server optimizer
+applies server_lr, the paper's eta_g). Under rank1 + avg_update, D~_i = alpha_i D_i with
+alpha_i = 1 + lam (beta D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2.
 
 Reductions (all exact):
 
@@ -25,7 +32,7 @@ Reductions (all exact):
   (``release``); the owning rank corrects its slow clients, which then join the round's
   one training reduction. alpha_i is gathered for the records.
 - diag: one, fused. A slow client adds p g*g and p g*g*D to two extra segments, the
-  complete ones [p D | p] to a third; rank 0 adds lam [(sum p g*g) * Dbar + sigma sum p g*g*D].
+  complete ones [p D | p] to a third; rank 0 adds lam [beta (sum p g*g) * Dbar + sigma sum p g*g*D].
 
 A round with no complete client is a FedAvg round (``lga_no_full`` records it).
 Buffers (batch-norm statistics) are averaged as in FedAvg, never corrected.
@@ -42,15 +49,23 @@ import numpy as np
 from .protocol import Field, Segment, ServerArray
 from .server import AverageRule, divide_
 
+# variant -> (beta, sigma) of D~_i = D_i + lam G_i (beta Dbar + sigma D_i); D_i = x_i - x^t throughout.
+# Algorithm 2 writes w^_E = w^t + mean_K2 Delta (line 7), Delta~_i = Delta_i + G (w^_E - w_i) (line 11) and
+# w^{t+1} = w^t + eta_g mean Delta~ (line 14). Pseudo-gradients Delta = w^t - x_i read consistently make line 7
+# w^t - mean Delta and line 14 w^t - eta_g mean Delta~: Delta~_i = -D_i + G (Dbar - D_i), i.e. C_pseudo. Displacements
+# Delta = x_i - w^t read literally: B_alg1. Line 7 literal with pseudo-gradients, line 14 flipped: A_table1.
+VARIANTS = {"C_pseudo": (-1.0, 1.0), "B_alg1": (1.0, -1.0), "A_table1": (1.0, 1.0)}
+
 
 @dataclass(frozen=True)
 class LgaOptions:
     """FedLGA's server correction (``[algorithm.lga]``)."""
 
-    variant: str = field(default="A_table1", metadata={
-        "choices": ("A_table1", "B_alg1"),
-        "help": "sign reading of the paper: A_table1 extends slow updates (D + G(Dbar + D)), B_alg1 shrinks them "
-                "(D + G(Dbar - D))"})
+    variant: str = field(default="C_pseudo", metadata={
+        "choices": tuple(VARIANTS),
+        "help": "sign reading of the paper: C_pseudo (pseudo-gradients throughout) extends slow updates, "
+                "D + G(D - Dbar); B_alg1 (displacements throughout) shrinks them, D + G(Dbar - D); A_table1 "
+                "mixes the two, D + G(Dbar + D)"})
     hessian: str = field(default="rank1", metadata={
         "choices": ("rank1", "diag"),
         "help": "Hessian estimate: rank1 = g g^T (two reductions a round), diag = diag(g g^T) (one fused reduction)"})
@@ -83,8 +98,14 @@ class LgaOptions:
         return p
 
     @property
+    def beta(self) -> float:
+        """Sign of Dbar in D~_i = D_i + lam G_i (beta Dbar + sigma D_i)."""
+        return VARIANTS[self.variant][0]
+
+    @property
     def sigma(self) -> float:
-        return 1.0 if self.variant == "A_table1" else -1.0
+        """Sign of D_i in D~_i = D_i + lam G_i (beta Dbar + sigma D_i)."""
+        return VARIANTS[self.variant][1]
 
 
 def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: float,
@@ -110,7 +131,10 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
     # At most three (P,) temporaries live at once (g, v or corr, the result): memory O(P).
     g = D / (lr * steps) if opts.grad_proxy == "avg_update" else D
     v = opts.sigma * D
-    v += dbar
+    if opts.beta > 0:      # in place: no fourth (P,) temporary
+        v += dbar
+    else:
+        v -= dbar
     dd = float(D @ D)
     if opts.hessian == "rank1":
         coef = opts.lam * float(g @ v)
@@ -241,14 +265,14 @@ class LgaRule(AverageRule):
         return agg if not self.fused else agg + self._fused_correction(delta_sum, s, seg)
 
     def _fused_correction(self, delta_sum: np.ndarray, s: dict, seg: dict) -> np.ndarray:
-        """lam [(sum p g*g) * Dbar + sigma sum p g*g*D] / sum p, from the one fused reduction."""
+        """lam [beta (sum p g*g) * Dbar + sigma sum p g*g*D] / sum p, from the one fused reduction."""
         P = self.num_params
         t0 = time.perf_counter()
         out = np.zeros_like(delta_sum)
         full, gg = seg["lga_full"], seg["lga_gg"]
         if full[P] > 0:
             dbar = full[:P] / full[P]
-            out[:P] = self.opts.lam * (gg[:P] * dbar + self.opts.sigma * seg["lga_ggd"])
+            out[:P] = self.opts.lam * (self.opts.beta * gg[:P] * dbar + self.opts.sigma * seg["lga_ggd"])
             out[:P] /= s["weight"] if self.normalize else 1.0
         elif gg[P] > 0:          # slow clients reported, none complete: a FedAvg round
             self._round["no_full"] = 1

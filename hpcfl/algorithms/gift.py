@@ -113,8 +113,8 @@ class GiftOptions:
     mode: str = field(default="stagnation", metadata={
         "choices": ("stagnation", "literal", "fixed"),
         "help": "stagnation: divide tau by gamma once C stops falling (patience rounds without a new minimum); "
-                "literal: Algorithm 1 as printed (C_r >= C_r-1 divides tau; tests only); fixed: record C, never "
-                "change tau (the FedAvg baseline)"})
+                "literal: Algorithm 1 as printed (C_r >= C_r-1 divides tau, pools never reset; tests only); "
+                "fixed: record C, never change tau (the FedAvg baseline)"})
     theta: float = field(default=0.9, metadata={"ge": 0, "help": "EMA decay of the pools P~, N~ (< 1)"})
     gamma: float = field(default=2.0, metadata={"help": "tau becomes ceil(tau / gamma) (> 1)"})
     reduce: str = field(default="coord_mean", metadata={
@@ -126,12 +126,15 @@ class GiftOptions:
     patience: int = field(default=10, metadata={"ge": 1, "help": "rounds without a new minimum of C = stagnation"})
     warmup: int = field(default=10, metadata={"ge": 0, "help": "rounds after the start and after each change "
                                                                  "before a decrease may fire"})
-    eps_abs: float = field(default=1e-3, metadata={"ge": 0, "help": "a new minimum must be this much lower"})
-    eps_rel: float = field(default=0.0, metadata={"ge": 0, "help": "... or this fraction of the minimum lower"})
+    eps_rel: float = field(default=0.1, metadata={
+        "ge": 0, "help": "a new minimum of C must be this fraction of the running minimum lower (or eps_abs, "
+                         "whichever is larger): C's improvement relative to its own scale"})
+    eps_abs: float = field(default=1e-3, metadata={
+        "ge": 0, "help": "... or at least this much lower: the floor that decides once C is near 0"})
     peak_guard: bool = field(default=True, metadata={
         "help": "track minima only once C has started to fall after a change (ignores the burst after a halving)"})
     scale_patience: bool = field(default=False, metadata={"help": "multiply patience by gamma after each decrease"})
-    reset_ema: bool = field(default=True, metadata={"help": "zero the pools whenever tau changes"})
+    reset_ema: bool = field(default=True, metadata={"help": "zero the pools whenever tau changes (stagnation mode)"})
     tau_min: int = field(default=1, metadata={"ge": 1, "help": "tau never goes below this"})
     relax: bool = field(default=False, metadata={
         "help": "frequency relaxation: tau += delta after o rounds of strictly falling C (off in the paper's runs)"})

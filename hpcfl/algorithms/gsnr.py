@@ -7,12 +7,15 @@ experiments (section 5). ``steps = "gsnr"`` with ``[algorithm.gsnr]`` options.
 
 The statistics phase, at the round-start model, on every rank for its cohort clients:
 
-1. B samples of the client's data (keyed by seed, round, client), their per-sample
-   gradients (``torch.func``), mean mu_k and biased per-coordinate variance v_k;
+1. ``stat_batch`` samples of the client's data (keyed by seed, round, client), their
+   per-sample gradients (``torch.func``), mean mu_k and biased per-coordinate variance v_k
+   (an estimate of the per-sample gradient noise, whatever its sample count);
 2. ONE exact reduction of ``[sum p mu | sum p (v + mu^2) | sum p]`` (length 2P + 1; p
    the round's aggregation weights) gives mu_g and v_g on every rank (eqs. 8-9, diagonal);
 3. each rank finishes its own clients' M_k, N_k, n_opt,k and GSNR r_k, and one gather of
-   these four scalars per client gives every rank the same values;
+   these four scalars per client gives every rank the same values. B in these formulas is
+   the SGD mini-batch ``algorithm.batch_size``: Theorem 3.7 models a local step as the mean
+   of B per-sample gradients, noise Sigma / B (the statistics batch only estimates Sigma);
 4. every rank allocates the same steps: E_k = N E_const n_opt,k / sum n_opt
    (largest-remainder rounding, E_min/E_max), or m n_opt,k ("scale"), or E_const
    ("observe": measure GSNR, train like the base algorithm). Clients with E_k = 0 do not
@@ -46,7 +49,8 @@ class GsnrOptions:
     """``[algorithm.gsnr]``: see the module docstring."""
 
     stat_batch: int = field(default=64, metadata={
-        "gt": 0, "help": "samples B per client for the per-sample gradient statistics"})
+        "gt": 0, "help": "samples per client for the per-sample gradient statistics (the estimator); the "
+                         "formulas' B is algorithm.batch_size"})
     step_mode: str = field(default="budget", metadata={
         "choices": ("budget", "scale", "observe"),
         "help": "budget: E_k = N E_const n_opt,k / sum n_opt; scale: E_k = round(m n_opt,k); observe: measure only, "
@@ -88,11 +92,12 @@ class GsnrSteps(Policy):
         "gsnr_sum_steps": Field(np.int64, "steps", "sum of the local steps run (E_k after any [system] cut)"),
     }
 
-    def __init__(self, opts: GsnrOptions, e_const: int, num_params: int):
+    def __init__(self, opts: GsnrOptions, e_const: int, num_params: int, batch_size: int):
         if e_const <= 0:
             raise ConfigError("algorithm.steps = 'gsnr' shares a budget of algorithm.local_steps steps per client; "
                               "set algorithm.local_steps > 0, the paper's E_const (e.g. --set algorithm.local_steps=20)")
         self.opts, self.e_const, self.num_params = opts, e_const, num_params
+        self.batch = int(batch_size)   # Theorem 3.7's B: the SGD mini-batch, not stat_batch
         self.values: np.ndarray | None = None   # (k, 4) [n_opt, gsnr, M, N] of the round's cohort
         self.L = float("nan")
 
@@ -120,7 +125,7 @@ class GsnrSteps(Policy):
         return out
 
     def statistics(self, ctx) -> None:
-        P, k, B = self.num_params, len(ctx.cohort), self.opts.stat_batch
+        P, k, B = self.num_params, len(ctx.cohort), self.batch
         ctx.clients.load_x0()
         p = ctx.weights / ctx.weights.sum()
         own = self._moments(ctx)
@@ -128,7 +133,7 @@ class GsnrSteps(Policy):
         tot = ctx.collective.sum("gsnr_moments", rows, 2 * P + 1, k)
         mu_g, v_g = global_moments(tot[:P], tot[P : 2 * P], float(tot[2 * P]))
         mine = []
-        for j in ctx.mine:   # B in the formulas is the statistics batch (fewer samples: all of them)
+        for j in ctx.mine:
             r = optimal_steps(*own[int(j)], mu_g, v_g, B, self.opts.r_max)
             mine.append([r["n_opt"], r["gsnr"], r["M"], r["N"]])
         self.values = ctx.collective.gather("gsnr_scalars", ctx.mine, np.array(mine).reshape(-1, 4), k)

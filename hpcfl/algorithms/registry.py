@@ -92,7 +92,7 @@ STEPS = {
     "random_epochs": lambda b: pol.RandomEpochSteps(b.options, _a(b).batch_size, b.cfg.run.seed,
                                                     _a(b).epoch_rounding),
     "client_steps": lambda b: pol.ClientSteps(b.options, b.cfg.run.seed),
-    "gsnr": lambda b: GsnrSteps(b.options, b.local_steps, b.num_params),
+    "gsnr": lambda b: GsnrSteps(b.options, b.local_steps, b.num_params, _a(b).batch_size),
     # GIFT pools its own update sum unless the delta segment is the plain weighted sum of the updates
     "gift": lambda b: GiftSteps(b.options, b.local_steps, b.num_params, _a(b).server != "average"),
     "adacomm": lambda b: AdaCommSteps(b.options, b.local_steps, b.cfg.system is not None and b.cfg.system.enabled),

@@ -163,16 +163,23 @@ class _Packed:
 class GiftController(_Packed):
     """GIFT's tau controller over M = ``size`` parameters; it owns its :class:`Pools`. Modes:
 
-    - ``"stagnation"`` (default): divide tau by gamma once C has made no new minimum (lower by
-      max(eps_abs, eps_rel c_min)) for ``patience`` rounds, at least ``warmup`` rounds after the
-      start or the last change; with ``peak_guard`` minima are tracked only once C has fallen
-      after a change (the start counts as one), so the burst of C after a halving is ignored.
-      A change sets c_min = +inf, r_min = that round and zeroes the pools if
-      ``reset_ema_on_tau_change``. Relaxation adds ``delta`` after ``o`` rounds of strictly
-      falling C with tau unchanged (phase "initial": only before the first decrease).
-    - ``"literal"``: Algorithm 1 as printed. From round 2, C_r >= C_{r-1} divides tau;
-      otherwise line 14 (read: C fell strictly in each of the last o rounds, tau unchanged in
-      them) adds delta when relaxation is on (phase as above).
+    - ``"stagnation"`` (default): divide tau by gamma once C has made no new minimum for
+      ``patience`` rounds, at least ``warmup`` rounds after the start or the last change. A new
+      minimum must lie below the running minimum c_min by more than max(eps_rel c_min,
+      eps_abs): with the defaults (0.1, 1e-3, patience 10) tau falls once C has improved by
+      less than a tenth of itself in ten rounds, about 1% a round, i.e. relative to C's own
+      scale; eps_abs only matters once C is near 0 (below 0.01), where relative changes are
+      noise (C decays like theta^r when the updates cancel exactly). With ``peak_guard`` minima
+      are tracked only once C has fallen after a change (the start counts as one), so the
+      burst of C after a halving is ignored. A change sets c_min = +inf, r_min = that round
+      and zeroes the pools if ``reset_ema_on_tau_change``. Relaxation adds ``delta`` after ``o``
+      rounds of strictly falling C with tau unchanged (phase "initial": only before the first
+      decrease).
+    - ``"literal"``: Algorithm 1 as printed, nothing added. From round 2, C_r >= C_{r-1}
+      divides tau; otherwise line 14 (read: C fell strictly in each of the last o rounds, tau
+      unchanged in them) adds delta when relaxation is on (phase as above). The pools are
+      never reset (``reset_ema_on_tau_change``, patience, warm-up, the thresholds and the peak
+      guard belong to the stagnation mode).
     - ``"fixed"``: tau never changes (FedAvg with C recorded).
 
     Division is ceil(tau / gamma), never below ``tau_min``; relaxed tau is capped at ``tau_max``
@@ -185,7 +192,7 @@ class GiftController(_Packed):
 
     def __init__(self, tau0: int = 100, *, size: int, mode: str = "stagnation", theta: float = 0.9,
                  gamma: float = 2.0, reduce: str = "coord_mean", pool_normalize: str = "sum", patience: int = 10,
-                 warmup: int = 10, eps_abs: float = 1e-3, eps_rel: float = 0.0, peak_guard: bool = True,
+                 warmup: int = 10, eps_abs: float = 1e-3, eps_rel: float = 0.1, peak_guard: bool = True,
                  scale_patience: bool = False, reset_ema_on_tau_change: bool = True, tau_min: int = 1,
                  tau_max: int | None = None, relaxation: bool = False, delta: int = 5, o: int = 10,
                  phase: str = "initial"):
@@ -237,7 +244,7 @@ class GiftController(_Packed):
         if self.tau != used:
             self.last_change, self.c_min, self.r_min, self.dec_streak = self.r, math.inf, self.r, 0
             self.peaked = not self.peak_guard
-            if self.reset_ema:
+            if self.reset_ema and self.mode == "stagnation":   # Algorithm 1 keeps its pools
                 self.ema.reset()
         self.hist = (self.hist + [C])[-(self.o + 1):]
         return Decision(C, used, self.tau, reason if self.tau != used else None)

@@ -81,23 +81,46 @@ def test_b3_gsnr_tracks_the_information_a_client_holds(observed):
     assert classes[np.argmax(med)] == classes.max()
 
 
+B4_SEEDS = (100, 101, 102)
+
+
+def flip_drops(partition, rounds, clean_first=None):
+    """Per seed of B4_SEEDS: (client 0's median GSNR clean, flipped, the others' median when flipped).
+    ``clean_first``: the clean run of the first seed when already made (the ``observed`` fixture)."""
+    out = []
+    for i, seed in enumerate(B4_SEEDS):
+        clean = clean_first if i == 0 and clean_first is not None else run(table(partition, rounds, seed=seed))[0]
+        flipped, _, classes = run(table(partition, rounds, seed=seed), flip_client=0)
+        out.append((clean[0], flipped[0], np.median(flipped[1:]), classes[0]))
+    return out
+
+
+@pytest.mark.timeout(600)   # five runs besides the fixture's, on a busy 2-core machine
 def test_b4_label_flip_lowers_the_clients_gsnr_iid(observed):
-    clean = observed["iid"][0]
-    flipped, _, _ = run(table("iid", 40), flip_client=0)
-    print("IID client 0 median GSNR clean -> flipped:", round(clean[0], 3), round(flipped[0], 3))
-    # The checks ask for a drop of at least 15% (prototype: -23%); measured here -14.9%
-    # (0.930 -> 0.791), so the margin asserted is 10%; the second clause is as written.
-    assert flipped[0] <= 0.90 * clean[0]
-    assert flipped[0] < np.median(flipped[1:])
+    """The checks: client 0's median GSNR drops by at least 15% when its labels are shifted (y + 3 mod 10),
+    here as the mean over three seeds of the relative drop (one seed is a sample of one partition and
+    one initial model); and below the other clients' median on every seed. Measured (40 rounds): -14.9%,
+    -18.8%, -15.8% for seeds 100-102, mean -16.5% (the prototype: -23%). Five runs besides the
+    fixture's: about 50 s of CPU."""
+    rows = flip_drops("iid", 40, clean_first=observed["iid"][0])
+    drops = [1 - f / c for c, f, _, _ in rows]
+    print("IID client 0 median GSNR clean -> flipped:", [(round(float(c), 3), round(float(f), 3)) for c, f, *_ in rows])
+    assert np.mean(drops) >= 0.15, drops
+    assert all(f < others for _, f, others, _ in rows)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)   # above setup.cfg's 300 s: six 100-round runs on a busy 2-core machine
 def test_b4_label_flip_lowers_the_abundant_clients_gsnr_nonbalance():
-    clean, _, classes = run(table("nonbalance", 100))
-    flipped, _, _ = run(table("nonbalance", 100), flip_client=0)
-    assert classes[0] == 10   # abundant first
-    print("NonBalance client 0 median GSNR clean -> flipped:", round(clean[0], 3), round(flipped[0], 3))
-    assert flipped[0] <= 0.92 * clean[0]
+    """NonBalance, 100 rounds: client 0 holds all ten classes (the abundant one) and its median GSNR drops
+    by at least 15% when flipped, as the mean over seeds 100-102. Measured: -15.8%, -17.4%, -16.0%
+    (mean -16.4%). Six runs of 100 rounds: about 3 minutes of CPU, hence slow."""
+    rows = flip_drops("nonbalance", 100)
+    drops = [1 - f / c for c, f, _, _ in rows]
+    print("NonBalance client 0 median GSNR clean -> flipped:",
+          [(round(float(c), 3), round(float(f), 3)) for c, f, *_ in rows])
+    assert all(classes == 10 for *_, classes in rows)   # abundant first
+    assert np.mean(drops) >= 0.15, drops
 
 
 def test_b4_flipped_client_gets_fewer_steps_under_fedgsnr():

@@ -3,8 +3,9 @@ and a run killed and resumed on another rank count (B5, G4's resume clause).
 
 One job: 10 clients on the 8x8 digits with a small MLP; the simulated clock keeps the 4 earliest
 reports of each round (exponential delays), so reporters change between rounds; patience and
-warm-up 2 with eps_abs 0.05 make GIFT's stagnation rule halve tau twice within 12 rounds
-(C falls by less than 0.05 per round after the first few). The uninterrupted run and the resume
+warm-up 2 with an absolute threshold alone (eps_abs 0.05, eps_rel 0) make GIFT's stagnation rule
+halve tau twice within 12 rounds (C falls by less than 0.05 per round after the first few), at
+rounds the kill-and-resume test relies on. The uninterrupted run and the resume
 go through ``cli.main`` in this process (``hpcfl run``'s own entry point; torch is already imported,
 which saves a start-up per run); the killed run is a 2-rank subprocess, as SIGKILL needs.
 """
@@ -46,6 +47,7 @@ local_steps = {TAU0}
 patience = 2
 warmup = 2
 eps_abs = 0.05
+eps_rel = 0.0
 [system]
 enabled = true
 compute_s = 0.01

@@ -163,9 +163,11 @@ def test_b_niid2_zero_a_is_uniform(b):
 
 # ---------------------------------------------------------------- Fixture C and edge cases
 def test_c_fallback_to_sizes():
-    p, info = disco_weights([100, 100], [0.3, 0.3], a=5.0, b=0.0)
+    """Every q = n - 5 d~ <= 0 (sizes 100 and 300: n = 1/4, 3/4; d~ = 1/2 each): p is the size weights
+    n = [1/4, 3/4] exactly, not equal weights."""
+    p, info = disco_weights([100, 300], [0.3, 0.3], a=5.0, b=0.0)
     assert np.allclose(info["d_norm"], [0.5, 0.5], atol=TOL, rtol=0)
-    assert np.array_equal(p, [0.5, 0.5])
+    assert np.array_equal(p, [0.25, 0.75])
     assert info["fallback"] is True and info["zeroed"].all() and (info["q"] == 0).all()
 
 

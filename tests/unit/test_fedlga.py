@@ -6,8 +6,10 @@ hooks on hand-made client results exactly as ``hpcfl.simulation.run`` does (pack
 clients, hold the slow ones, release, pack the held ones, one exact sum, ``server_step``).
 
 Notation (as in hpcfl/algorithms/fedlga.py): D_i = x_i - x^t, S_i the steps run, Dbar the complete
-clients' mean update, g_i = D_i / (lr S_i), sigma = +1 (variant A_table1) or -1 (B_alg1), and
-D~_i = D_i + lam G_i (Dbar + sigma D_i) with G_i = g_i g_i^T (rank1) or diag(g_i * g_i) (diag).
+clients' mean update, g_i = D_i / (lr S_i), and D~_i = D_i + lam G_i (beta Dbar + sigma D_i) with
+G_i = g_i g_i^T (rank1) or diag(g_i * g_i) (diag); (beta, sigma) = (-1, +1) for the pseudo-gradient
+reading C_pseudo (the default), (+1, -1) for B_alg1, (+1, +1) for A_table1 (SIGNS below, written here
+independently of the code's table).
 """
 
 import json
@@ -30,7 +32,8 @@ from hpcfl.algorithms.protocol import RoundContext
 from hpcfl.client.trainer import ClientResult
 from hpcfl.comm import Collectives, ExactSum
 
-VARIANTS = ("A_table1", "B_alg1")
+VARIANTS = ("C_pseudo", "B_alg1", "A_table1")
+SIGNS = {"C_pseudo": (-1.0, 1.0), "B_alg1": (1.0, -1.0), "A_table1": (1.0, 1.0)}    # (beta, sigma)
 # The three ways the rule can run: rank1 (two reductions), diag fused into the training reduction (one),
 # and diag with a correction clip, which needs Dbar first (two reductions); the clip is set far above any
 # correction in these tests, so it never binds and all three compute the same D~_i.
@@ -87,6 +90,11 @@ D = np.array([[-1.0, 0.0, 0.5], [-3.0, 2.0, 0.5], [-1.0, 1.0, 0.0], [0.0, 2.0, 0
 S, FULL = [5, 5, 2, 4], [5, 5, 5, 5]
 # spec section 6, A1: (variant, hessian) -> D~_2, D~_3, mean update, w (eta_g 1), w (eta_g 2), (alpha_2, alpha_3)
 TABLE = {
+    # C_pseudo rank1: v_2 = D_2 - Dbar = [1, 0, -0.5], g_2 . v_2 = -1, D~_2 = D_2 - g_2 = 0 (alpha 0);
+    # v_3 = [2, 1, -0.5], g_3 . v_3 = 1, D~_3 = [0, 3, 0] (alpha 1.5).
+    # diag: g_2^2 v_2 = [1, 0, 0], g_3^2 v_3 = [0, 1, 0]
+    ("C_pseudo", "rank1"): ([0, 0, 0], [0, 3, 0], [-1, 1.25, 0.25], [0, 0.25, 2.25], [-1, 1.5, 2.5], (0, 1.5)),
+    ("C_pseudo", "diag"): ([0, 1, 0], [0, 3, 0], [-1, 1.5, 0.25], [0, 0.5, 2.25], [-1, 2, 2.5], None),
     ("A_table1", "rank1"): ([-6, 6, 0], [0, 5, 0], [-2.5, 3.25, 0.25], [-1.5, 2.25, 2.25], [-4, 5.5, 2.5], (6, 2.5)),
     ("A_table1", "diag"): ([-4, 3, 0], [0, 5, 0], [-2, 2.5, 0.25], [-1, 1.5, 2.25], [-3, 4, 2.5], None),
     ("B_alg1", "rank1"): ([-2, 2, 0], [0, 1, 0], [-1.5, 1.25, 0.25], [-0.5, 0.25, 2.25], [-2, 1.5, 2.5], (2, 0.5)),
@@ -156,10 +164,11 @@ def test_A1_fedavg_and_fednova_rows_through_the_engine():
 
 def test_A1_release_leaves_the_real_update_to_other_policies():
     """docs/architecture.md: only the server rule reads res.adjusted; other policies (SCAFFOLD's c_i) still
-    see the client's actual update. After release, res.delta of slow client 2 must still be D_2 = [-1, 1, 0]."""
+    see the client's actual update. After release (default variant C_pseudo: D~_3 = [0, 3, 0]), res.delta of
+    slow client 3 must still be D_3 = [0, 2, 0]."""
     _, _, _, results = engine_round(W, D, S, FULL, LR, name="fedlga")
-    assert np.array_equal(results[2].adjusted[:3], [-6, 6, 0])
-    assert np.array_equal(results[2].delta.numpy(), D[2])
+    assert np.array_equal(results[3].adjusted[:3], [0, 3, 0])
+    assert np.array_equal(results[3].delta.numpy(), D[3])
 
 
 # ------------------------------------------------------------------------------- A3, A4
@@ -173,12 +182,13 @@ def random_client(n, seed):
 @pytest.mark.parametrize("proxy", ["avg_update", "raw_update"])
 def test_A3_operators_equal_the_explicit_matrices(n, variant, proxy):
     """rank1: D + lam g (g . v) equals D + lam (outer(g, g) @ v); diag: D + lam diag(outer(g, g)) * v, rtol
-    1e-12, with v = Dbar + sigma D and g = D / (lr S) (or D itself for raw_update). Only the summation
+    1e-12, with v = beta Dbar + sigma D and g = D / (lr S) (or D itself for raw_update). Only the summation
     order of g . v differs from the matrix product, so the two agree to rounding."""
     d, dbar = random_client(n, n)
     lr, steps, lam = 0.05, 3, 0.7
     g = d / (lr * steps) if proxy == "avg_update" else d
-    v = dbar + (1.0 if variant == "A_table1" else -1.0) * d
+    beta, sigma = SIGNS[variant]
+    v = beta * dbar + sigma * d
     for hessian, matrix in (("rank1", np.outer(g, g) @ v), ("diag", np.diag(np.outer(g, g)) * v)):
         got, _ = correct(d, steps, 5, dbar, lr, LgaOptions(variant=variant, hessian=hessian, grad_proxy=proxy,
                                                               lam=lam))
@@ -190,36 +200,39 @@ def test_A3_operators_equal_the_explicit_matrices(n, variant, proxy):
 @pytest.mark.parametrize("lr", [0.05, 0.01])
 def test_A4_rank1_correction_rescales_the_update(variant, lr):
     """rank1 + avg_update: g_i is parallel to D_i, so D~_i = alpha_i D_i with
-    alpha_i = 1 + lam (D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2: cos(D~_i, D_i) = +-1 and D~_i == alpha_i D_i
+    alpha_i = 1 + lam (beta D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2: cos(D~_i, D_i) = +-1 and D~_i == alpha_i D_i
     to 1e-12, and the reported alpha is that alpha. With lr S = 0.02 (lr 0.01, S 2) and ||D||^2 ~ 50, B's alpha
-    is hugely negative (cos -1), A's hugely positive."""
-    sigma = 1.0 if variant == "A_table1" else -1.0
+    is hugely negative (cos -1), A's and C's hugely positive (sigma ||D||^2 dominates D . Dbar)."""
+    beta, sigma = SIGNS[variant]
     lam, signs = 0.9, set()
     for seed, steps in ((1, 2), (2, 3), (3, 4)):
         d, dbar = random_client(50, seed)
         got, alpha = correct(d, steps, 5, dbar, lr, LgaOptions(variant=variant, lam=lam))
-        want_alpha = 1 + lam * (d @ dbar + sigma * (d @ d)) / (lr * steps) ** 2
+        want_alpha = 1 + lam * (beta * (d @ dbar) + sigma * (d @ d)) / (lr * steps) ** 2
         cos = got @ d / (np.linalg.norm(got) * np.linalg.norm(d))
         assert abs(abs(cos) - 1) <= 1e-12
         np.testing.assert_allclose(got, want_alpha * d, rtol=1e-12, atol=0)
         assert alpha == pytest.approx(want_alpha, rel=1e-12)
         signs.add(np.sign(cos))
     if lr == 0.01:
-        assert signs == {1.0 if variant == "A_table1" else -1.0}
+        assert signs == {sigma}
 
 
 # ------------------------------------------------------------------------------- A5, C2
 def alg2_pseudo_gradients(w, P, steps, full, lr, eta_g, variant, hessian, lam, flip_g=False):
     """Alg. 2 in model space, written independently of the engine, storing pseudo-gradients P_i = w - x_i.
 
-    The Table I reading (A) keeps Delta = P (line 7 literal, line 14's sign flipped so it descends); the
-    Alg. 1 reading (B) receives Delta = x_i - w = -P. The models w_i = w - P_i and w^_E are formed
-    explicitly; G_i uses g_i = P_i / (lr S_i) (its sign is irrelevant: ``flip_g`` negates it).
+    The pseudo-gradient reading (C) takes Delta = P in every line: the full-E model estimate of line 7 is
+    w - mean_K2 Delta (a pseudo-gradient points away from the new model) and the step of line 14 is
+    w - eta_g mean Delta~. The Table I reading (A) keeps Delta = P but line 7 as printed (w + mean) and only
+    line 14's sign flipped so it descends; the Alg. 1 reading (B) receives Delta = x_i - w = -P and reads every
+    line as printed. The models w_i = w - P_i and w^_E are formed explicitly; G_i uses g_i = P_i / (lr S_i)
+    (its sign is irrelevant: ``flip_g`` negates it).
     """
-    delta = P if variant == "A_table1" else -P
+    delta = -P if variant == "B_alg1" else P
     local = w - P                                               # x_i, recovered from what the server holds
     done = [i for i in range(len(P)) if steps[i] == full[i]]
-    w_hat = w + delta[done].mean(axis=0)                        # Alg. 2 line 7
+    w_hat = w - delta[done].mean(axis=0) if variant == "C_pseudo" else w + delta[done].mean(axis=0)   # line 7
     out = []
     for i in range(len(P)):
         if steps[i] == full[i]:
@@ -229,7 +242,7 @@ def alg2_pseudo_gradients(w, P, steps, full, lr, eta_g, variant, hessian, lam, f
         d = w_hat - local[i]
         out.append(delta[i] + lam * (g * (g @ d) if hessian == "rank1" else g * g * d))   # line 11
     mean = np.mean(out, axis=0)
-    return w - eta_g * mean if variant == "A_table1" else w + eta_g * mean                  # line 14
+    return w + eta_g * mean if variant == "B_alg1" else w - eta_g * mean                  # line 14
 
 
 def random_round(seed, k=10, n=40):
@@ -256,9 +269,10 @@ def test_A5_pseudo_gradient_implementation_gives_the_same_model(variant, hessian
     assert np.array_equal(ref, flipped)
 
 
-def fedlga_aggregate(w, D, tau, S, lr, eta_g, lam=1.0, variant="A_table1", hessian="rank1"):
-    """The spec's single-process mathematical form (section 2.10), in numpy, uniform mean."""
-    sigma = 1.0 if variant == "A_table1" else -1.0
+def fedlga_aggregate(w, D, tau, S, lr, eta_g, lam=1.0, variant="C_pseudo", hessian="rank1"):
+    """The spec's single-process mathematical form (section 2.10), in numpy, uniform mean, with the sign
+    of Dbar of the pseudo-gradient reading."""
+    beta, sigma = SIGNS[variant]
     full = [i for i in range(len(D)) if tau[i] == 1]
     slow = [i for i in range(len(D)) if tau[i] > 1]
     if not full:
@@ -267,7 +281,7 @@ def fedlga_aggregate(w, D, tau, S, lr, eta_g, lam=1.0, variant="A_table1", hessi
     agg = D[full].sum(axis=0)
     for i in slow:
         g = D[i] / (lr * S[i])
-        v = dbar + sigma * D[i]
+        v = beta * dbar + sigma * D[i]
         agg = agg + D[i] + lam * (g * (g @ v) if hessian == "rank1" else g * g * v)
     return w + eta_g * agg / len(D)
 

@@ -6,6 +6,7 @@ table, and configuration errors.
 """
 
 import numpy as np
+import torch
 import pytest
 from runner import job, run_memory
 
@@ -16,10 +17,10 @@ from hpcfl.errors import ConfigError
 
 
 class _Res:
-    """The part of a ClientResult GIFT reads: the update as a host array."""
+    """The part of a ClientResult GIFT reads: the update, a tensor as the engine's (its device's)."""
 
     def __init__(self, delta):
-        self.delta = np.asarray(delta, dtype=np.float64)
+        self.delta = torch.as_tensor(np.asarray(delta, dtype=np.float64))
 
     def host(self):
         return self.delta
@@ -34,7 +35,7 @@ def _sums(policy, updates, weights, buffers):
     for u, w, b in zip(updates, weights, buffers):
         seg["delta"] += w * np.concatenate([u, b])
         for name, v in policy.pack(None, 0, 0, _Res(np.concatenate([u, b])), w).items():
-            seg[name] += v
+            seg[name] += np.asarray(v)
     sc = {"weight": float(sum(weights)), "count": float(len(updates))}
     return seg, sc
 
@@ -113,6 +114,23 @@ def test_B5_state_round_trip_continues_bitwise():
         if r >= 20:
             trail.append((a.tau, a.C, a.iters) == (b.tau, b.C, b.iters))
     assert all(trail) and a.iters > 0
+
+
+def test_default_options_divide_on_relative_stagnation_and_reset_the_pools():
+    """GiftOptions() defaults through the policy (theta 0 so that C is each round's raw metric, S = c and
+    A = 1 on one coordinate): C = 0.66 * 0.995^r improves by 0.5% a round, under the default eps_rel = 0.1
+    no new minimum comes after round 2, so tau halves at round 12 (patience 10); and the default reset
+    leaves both pools zero right after that change (test_tau_control.py has the hand-worked cases)."""
+    pol = GiftSteps(GiftOptions(theta=0.0), 16, 1, False)
+    events = []
+    for r in range(1, 13):
+        c = 0.66 * 0.995**r
+        seg = {"delta": np.array([c]), "gift_abs": np.array([1.0])}
+        tau, why = pol.decide(None, seg, {"weight": 1.0, "count": 1.0})
+        pol.receive(tau)
+        events += [(r, tau, why)] if why else []
+    assert events == [(12, 8, "stagnation")]
+    assert not pol.ctl.pools().any()
 
 
 def test_events_table_lists_the_changes():

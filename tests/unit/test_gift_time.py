@@ -8,8 +8,10 @@ t_down + tau c + t_up, t_up = 32 M / 5e6 s for M fp32 parameters at 5 Mbit/s (th
 is free), so R rounds with local periods tau_r take R t_up + c sum_r tau_r. The testbed has
 100 clients of which the server keeps the 40% reporting first (``earliest_fraction = 0.4``).
 
-Tolerances: +-0.05 h for VGG-16 (F1, F2); LeNet-5 and the LSTM (F3, F4) are held to Table II's
-printed precision, +-0.005 h.
+Tolerances: +-0.05 h for VGG-16 (F1); FedAvg on LeNet-5 and the LSTM (F3, F4) is held to Table
+II's printed precision, +-0.005 h. GIFT's hours (F2-F4) are not Table II's: its schedule is made by
+GIFT's controller on a problem of our own, and the tests check that the clock charges exactly that
+schedule and that the saving has the paper's direction and size (at least 45%).
 """
 
 import math
@@ -27,7 +29,6 @@ from hpcfl.system import DEADLINE, LATE, OK, SystemModel, SystemOptions
 from hpcfl.system.config import CALIBRATED_COMPUTE_S
 
 PARAMS = {"lenet5": 62_006, "vgg16": 14_728_266, "kws_lstm": 61_066}   # M, counted from the layers by hand
-HALVINGS = (100, 50, 25, 13, 7, 4, 2, 1)     # GIFT's tau levels from 100 with gamma = 2 and ceil
 
 
 def opts(**table):
@@ -41,14 +42,9 @@ def paper_clients(model):
     return SystemModel(o, 100, 0, model_bytes=4 * PARAMS[model])
 
 
-def replay_hours(model, taus):
-    """Simulated hours of a run whose round r asks every client for taus[r] steps, planned round by round."""
-    m, cohort = paper_clients(model), np.arange(100)
-    return sum(m.plan(r, cohort, int(t)).duration_s for r, t in enumerate(taus)) / 3600
-
-
 def hours(model, taus):
-    """replay_hours() at the cost of two plans per tau level (the suite's time budget).
+    """Simulated hours of a run whose round r asks every client for taus[r] steps on the paper's testbed,
+    at the cost of two plans per tau level (planning 1000 rounds one by one would cost the suite's time).
 
     The testbed has no per-round draws (no delay, slowdown or unavailability), so a round's plan
     depends on its tau only: each level is planned at the first and at the last round that uses
@@ -64,11 +60,6 @@ def hours(model, taus):
     return seconds / 3600
 
 
-def schedule(rounds):
-    """tau per round: rounds[i] rounds at HALVINGS[i]."""
-    return np.repeat(HALVINGS, rounds)
-
-
 # ------------------------------------------------------------------ F1-F4: Table II
 
 def test_F1_vgg16_fedavg_hours():
@@ -80,48 +71,73 @@ def test_F1_vgg16_fedavg_hours():
     assert hours("vgg16", taus) == pytest.approx(81.9, abs=0.05)
 
 
-def test_F2_vgg16_gift_hours_and_reduction():
-    """GIFT on VGG-16: any trajectory with sum tau = 14,570 gives 34.3 h, 58.1% less than FedAvg.
-
-    1000 t_up + 2.0058 * 14,570 = 94,260.9 + 29,224.5 = 123,485 s = 34.30 h; 1 - 123,485 / 294,841
-    = 58.12%. The worked schedule (100x60, 50x60, 25x80, 13x100, 7x150, 4x200, 2x200,
-    1x150; sum 14,700) gives 123,746 s, a 58.03% reduction.
-    """
-    fedavg = hours("vgg16", np.full(1000, 100))
-    replay = schedule([60, 60, 80, 100, 150, 200, 70, 280])
-    assert replay.size == 1000 and replay.sum() == 14_570
-    gift = replay_hours("vgg16", replay)
-    assert gift == pytest.approx(34.3, abs=0.05)
-    assert 100 * (1 - gift / fedavg) == pytest.approx(58.1, abs=0.2)
-    worked = schedule([60, 60, 80, 100, 150, 200, 200, 150])
-    assert worked.size == 1000 and worked.sum() == 14_700
-    assert 100 * (1 - hours("vgg16", worked) / fedavg) == pytest.approx(58.0, abs=0.1)
-
-
-def test_F3_lenet5_hours():
-    """LeNet-5 (M = 62,006, c = 0.05219): FedAvg 1.56 h; sum tau = 36,500 gives 0.64 h, 59.0% less.
-
-    t_up = 0.39684 s: FedAvg 1000 (0.39684 + 5.219) s = 1.5600 h; GIFT 396.84 + 1904.9 s = 0.6394 h;
-    1 - 2301.8 / 5615.8 = 59.01%. Table II's two decimals allow 0.005 h.
-    """
-    fedavg = hours("lenet5", np.full(1000, 100))
-    replay = schedule([200, 204, 146, 100, 100, 100, 100, 50])
-    assert replay.size == 1000 and replay.sum() == 36_500
-    gift = hours("lenet5", replay)
-    assert fedavg == pytest.approx(1.56, abs=0.005)
-    assert gift == pytest.approx(0.64, abs=0.005)
-    assert 100 * (1 - gift / fedavg) == pytest.approx(59.0, abs=0.05)
+# GIFT's own schedule: the controller, through the engine, on the spec's noisy heterogeneous quadratics (D:
+# M = 200, N = 20 clients, h ~ U(0.1, 2), c ~ N(0, 25), gradient noise 0.5, eta 0.05, w0 = -20) from Table II's
+# tau0 = 100 for its 1000 rounds, every client every round, on a clock with VGG-16's calibrated c and upload
+# time: the model is 200 float64 = 12,800 bits, sent at the rate that makes it take 32 M_vgg / 5e6 s.
+T_UP_VGG = 32 * PARAMS["vgg16"] / 5e6
+D_GIFT = {
+    "run": {"seed": 0, "rounds": 1000, "eval_every": 0},
+    "data": {"dataset": "quadratic", "partition": "natural", "num_clients": 20,
+             "quadratic": {"dim": 200, "num_clients": 20, "std": 5.0, "curvature_low": 0.1, "curvature_high": 2.0,
+                           "noise": 0.5, "samples": 100, "seed": 1}},
+    "model": {"name": "quadratic", "quadratic": {"init": -20.0}},
+    "algorithm": {"name": "gift", "local_steps": 100, "lr": 0.05, "batch_size": 1},
+    "runtime": {"dtype": "float64", "threads": 1, "progress": "none", "vectorize": "on"},
+    "system": {"enabled": True, "compute_s": CALIBRATED_COMPUTE_S["vgg16"], "uplink_mbps": 12_800 / T_UP_VGG / 1e6,
+               "downlink_mbps": math.inf},
+}
+PAPER_REDUCTION = {"vgg16": 58.1, "lenet5": 59.0, "kws_lstm": 48.4}   # Table II, percent
 
 
-def test_F4_lstm_hours():
-    """KWS LSTM (M = 61,066, c = 0.10913): FedAvg 3.14 h; sum tau = 49,900 gives 1.62 h.
+@pytest.fixture(scope="module")
+def gift_schedule():
+    """(tau_used per round (1000,), the engine's simulated seconds per round (1000,)) of the D run."""
+    _, metrics, _ = run_memory(D_GIFT, MPI.COMM_SELF)
+    return (np.array([m["tau_used"] for m in metrics], dtype=np.int64),
+            np.array([m["sim_time_round"] for m in metrics]))
 
-    t_up = 0.39082 s: FedAvg 1000 (0.39082 + 10.913) s = 3.1400 h; GIFT 390.82 + 5445.6 s = 1.6212 h.
-    """
-    replay = schedule([300, 270, 180, 100, 50, 40, 30, 30])
-    assert replay.size == 1000 and replay.sum() == 49_900
-    assert hours("kws_lstm", np.full(1000, 100)) == pytest.approx(3.14, abs=0.005)
-    assert hours("kws_lstm", replay) == pytest.approx(1.62, abs=0.005)
+
+def test_F2_gift_controller_schedule_on_the_vgg16_clock(gift_schedule):
+    """GIFT's default controller makes the schedule (nothing here is derived from Table II's hours): it
+    must halve tau at least four times, never raise it (relaxation is off), and the engine's clock must
+    charge each round t_up + c tau_r exactly, so the run's total is 1000 t_up + c sum_r tau_r, the same
+    hours as the paper's 100-client, 40%-earliest testbed planned for that schedule (hours()).
+
+    The reduction against FedAvg (81.9 h, F1) comes from the local iterations GIFT saved. Measured on
+    this problem: 60.9% (sum tau 10,447, 32.00 h); Table II's VGG-16 run: 58.1% (34.3 h, sum tau about 14,570). The
+    check is the direction with a margin, at least 45% (the lower end of the 45-60% band the paper's three
+    models span), so a controller that stops dividing tau fails it."""
+    taus, seconds = gift_schedule
+    levels = [int(t) for i, t in enumerate(taus) if i == 0 or t != taus[i - 1]]
+    c = CALIBRATED_COMPUTE_S["vgg16"]
+    print(f"F2 levels {levels}, sum tau {taus.sum()}")
+    assert len(levels) >= 5 and levels[0] == 100 and np.all(np.diff(taus) <= 0)
+    np.testing.assert_allclose(seconds, T_UP_VGG + c * taus, rtol=1e-12)
+    gift = seconds.sum() / 3600
+    assert gift == pytest.approx((1000 * T_UP_VGG + c * taus.sum()) / 3600, rel=1e-12)
+    assert gift == pytest.approx(hours("vgg16", taus), rel=1e-9)
+    reduction = 100 * (1 - gift / hours("vgg16", np.full(1000, 100)))
+    print(f"F2 VGG-16 clock: GIFT {gift:.2f} h, {reduction:.1f}% less than FedAvg (paper: 34.3 h, "
+          f"{PAPER_REDUCTION['vgg16']}%)")
+    assert reduction >= 45
+
+
+@pytest.mark.parametrize("model, fedavg_h", [("lenet5", 1.56), ("kws_lstm", 3.14)])
+def test_F3_F4_the_same_schedule_on_the_lenet5_and_lstm_clocks(gift_schedule, model, fedavg_h):
+    """The controller's schedule of F2 on the LeNet-5 (c = 0.05219 s, t_up = 0.397 s) and KWS LSTM
+    (c = 0.10913 s, t_up = 0.391 s) testbeds: FedAvg's Table II hours, and GIFT's hours equal to the
+    closed form 1000 t_up + c sum tau. Measured reductions: 83.2% (LeNet-5; paper 59.0%) and 86.5% (LSTM;
+    paper 48.4%): computation dominates these rounds more than VGG-16's, so the saving follows the
+    controller's sum tau more closely; the check is at least 45% for both (a fixed-tau schedule saves 0%)."""
+    taus, _ = gift_schedule
+    fedavg, gift = hours(model, np.full(1000, 100)), hours(model, taus)
+    t_up, c = 32 * PARAMS[model] / 5e6, CALIBRATED_COMPUTE_S[model]
+    assert fedavg == pytest.approx(fedavg_h, abs=0.005)
+    assert gift == pytest.approx((1000 * t_up + c * taus.sum()) / 3600, rel=1e-9)
+    reduction = 100 * (1 - gift / fedavg)
+    print(f"{model}: GIFT {gift:.3f} h, {reduction:.1f}% less than FedAvg (paper {PAPER_REDUCTION[model]}%)")
+    assert reduction >= 45
 
 
 # ------------------------------------------------------------------ F5: the first K reports

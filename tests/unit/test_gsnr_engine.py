@@ -101,7 +101,9 @@ def test_clients_with_zero_n_opt_sit_out_and_weights_renormalise(monkeypatch):  
 
 
 def test_scaffold_control_variate_uses_each_clients_own_steps():
-    _, _, clients = run_memory(gsnr_job(**{"algorithm.local": "scaffold"}), MPI.COMM_SELF)
+    # batch 64: less mini-batch noise in Theorem 3.7 than the job's 16, so the n_opt differ enough to give
+    # the clients different step counts (with 16 all five got 4), which is what the check needs
+    _, _, clients = run_memory(gsnr_job(**{"algorithm.local": "scaffold", "algorithm.batch_size": 64}), MPI.COMM_SELF)
     for c in clients:   # plain SGD: ||a_i||_1 = E_i, the denominator of c_i+ (option II)
         trained = c["steps"] > 0
         assert np.array_equal(c["anorm"][trained], c["steps"][trained].astype(float))
@@ -156,3 +158,48 @@ def test_clients_with_zero_disco_weight_get_no_steps_and_the_budget_goes_to_the_
     _, _, clients = run_memory(table, MPI.COMM_SELF)
     for c in clients:
         assert c["steps"].tolist() == [0] * 5 + [18] and c["weight"].tolist() == [0.0] * 5 + [1.0]
+
+
+def test_recorded_values_are_eqs_8_9_and_theorem_3_7_of_the_clients_statistics(monkeypatch):
+    """A real run (2 rounds, 5 of 7 Dirichlet clients of unequal sizes, size weights) records M_k, N_k,
+    n_opt,k, r_k and L; recomputed here from the per-client statistics (mu_k, v_k) the run used, in another
+    form of the same equations, they must agree to 1e-9:
+
+    - eqs. 8-9 over the sampled set with p_k = n_k / sum n (the sizes, not the run's weights array):
+      mu_g = sum p mu_k, v_g = sum p v_k + sum p (mu_k - mu_g)^2 (within- plus between-client variance);
+    - Theorem 3.7 with B the SGD mini-batch (batch_size 16; the statistics use stat_batch = 24 samples):
+      L = |mu_g|^2 + sum v_g / B, M_k = mu_k . mu_g + sum sqrt(v_k v_g) / B, N_k = |mu_k|^2 + sum v_k / B,
+      n_opt = max(0, M / N), r = cot theta with cos theta = M / sqrt(L N).
+
+    Uniform p, a dropped between-client term, local and global statistics swapped, or B = stat_batch each
+    move these values by far more than the tolerance."""
+    seen = []
+    real = gsnr_module.GsnrSteps._moments
+
+    def spy(self, ctx):
+        out = real(self, ctx)
+        seen.append((ctx.sizes.copy(), {j: (mu.copy(), v.copy()) for j, (mu, v) in out.items()}))
+        return out
+
+    monkeypatch.setattr(gsnr_module.GsnrSteps, "_moments", spy)
+    table = gsnr_job(**{"run.rounds": 2, "algorithm.batch_size": 16, "algorithm.gsnr.stat_batch": 24})
+    _, metrics, clients = run_memory(table, MPI.COMM_SELF)
+    B = 16
+    for (sizes, stats_), m, c in zip(seen, metrics, clients):
+        assert len(set(sizes.tolist())) > 1                                   # unequal sizes: p is not uniform
+        p = sizes / sizes.sum()
+        mus = np.array([stats_[j][0] for j in range(len(sizes))], dtype=np.float64)
+        vs = np.array([stats_[j][1] for j in range(len(sizes))], dtype=np.float64)
+        mu_g = p @ mus
+        v_g = p @ vs + p @ (mus - mu_g) ** 2
+        L = mu_g @ mu_g + v_g.sum() / B
+        M = mus @ mu_g + np.sqrt(vs * v_g).sum(1) / B
+        N = (mus * mus).sum(1) + vs.sum(1) / B
+        cos = M / np.sqrt(L * N)
+        r = np.where(cos > 0, cos / np.sqrt(1 - cos ** 2), 0.0)
+        np.testing.assert_allclose(m["gsnr_L"], L, rtol=1e-9)
+        np.testing.assert_allclose(c["gsnr_M"], M, rtol=1e-9)
+        np.testing.assert_allclose(c["gsnr_N"], N, rtol=1e-9)
+        np.testing.assert_allclose(c["gsnr_nopt"], np.maximum(M / N, 0), rtol=1e-9)
+        np.testing.assert_allclose(c["gsnr"], r, rtol=1e-7)
+        assert np.ptp(c["gsnr_nopt"]) > 0.01 * c["gsnr_nopt"].max()           # the clients differ

@@ -1,15 +1,16 @@
-"""GIFT's gradient consistency and tau controllers, AdaComm's schedule and AFL's tau* as pure
-numpy (hpcfl/algorithms/tau_control.py): checks A1-A6, B1-B3, B5 and C1-C4.
+"""GIFT's gradient consistency and tau controller as pure numpy (hpcfl/algorithms/tau_control.py):
+checks A1-A6, B1-B3 and B5 (the Fig. 1 toy, C1-C4: test_gift_toy.py; AdaComm and AFL:
+test_adacomm_afl.py).
 
-References: GIFT (Chen et al., "GIFT: Toward Accurate and Efficient Federated Learning With
-Gradient-Instructed Frequency Tuning", JSAC 2023), Eq. (1), Algorithm 1 and the Fig. 1 toy;
-AdaComm (Wang & Joshi, SysML 2019); AFL (Wang et al., JSAC 2019).
+Reference: GIFT (Chen et al., "GIFT: Toward Accurate and Efficient Federated Learning With
+Gradient-Instructed Frequency Tuning", JSAC 2023), Eq. (1) and Algorithm 1.
 
 A scripted consistency sequence is fed as one coordinate S = c, A = 1 with theta = 0: the pools
 are then that round's P = (1 + c)/2, N = (c - 1)/2 and C = |P + N| / (P - N) = c up to one
-rounding, which keeps every comparison the scripts rely on (their steps are >= 1e-3). The toy of
-Fig. 1 (L1 = (w + 2)^2, L2 = (w - 10)^2 / 5, full-batch GD, two clients, unweighted mean) runs as
-a plain Python loop written here; its fixed point has the closed form of C1.
+rounding, which keeps every comparison the scripts rely on (their steps are >= 1e-3). The
+scripts of the controller's mechanics (patience, warm-up, peak guard, relaxation) run with the
+absolute threshold alone (eps_rel = 0), so that their steps can be written in hundredths; the
+default relative threshold has its own tests (test_B2_relative_*).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import warnings
 import numpy as np
 import pytest
 
-from hpcfl.algorithms.afl_bound import afl_G, afl_h, afl_tau
-from hpcfl.algorithms.tau_control import AdaCommController, GiftController, Pools, consistency, split
+from hpcfl.algorithms.tau_control import GiftController, Pools, consistency, split
 
 
 def raw_metric(U: np.ndarray, reduce: str) -> float:
@@ -34,22 +34,14 @@ def raw_metric(U: np.ndarray, reduce: str) -> float:
 
 
 def scripted(Cs, tau0=100, **kw) -> list:
-    """Decisions of a controller fed the consistency sequence Cs (see the module docstring)."""
-    ctl = GiftController(tau0, size=1, theta=0.0, **kw)
+    """Decisions of a controller fed the consistency sequence Cs (see the module docstring);
+    eps_rel = 0 unless given."""
+    ctl = GiftController(tau0, size=1, theta=0.0, **{"eps_rel": 0.0, **kw})
     return [ctl.step(np.array([c]), np.array([1.0])) for c in Cs]
 
 
 def taus(decisions) -> list[int]:
     return [d.tau_next for d in decisions]
-
-
-def toy_round(w: float, tau: int, eta: float = 0.05) -> tuple[float, float]:
-    """One FedAvg round of the Fig. 1 toy: both clients' updates after tau full-batch GD steps."""
-    w1 = w2 = w
-    for _ in range(tau):
-        w1 -= eta * 2 * (w1 + 2)
-        w2 -= eta * 0.4 * (w2 - 10)
-    return w1 - w, w2 - w
 
 
 # ---------------------------------------------------------------- A: the metric
@@ -275,6 +267,69 @@ def test_B2_ema_reset_on_change(reset):
     assert d[3].C == pytest.approx(0.2 if reset else 0.1829 / 0.3439, rel=1e-12)
 
 
+def geometric(rate, rounds, scale):
+    """C_r = scale (1 - rate)^r, r = 1..rounds: C improves by the fraction ``rate`` of itself every round."""
+    return [scale * (1 - rate) ** r for r in range(1, rounds + 1)]
+
+
+@pytest.mark.parametrize("scale", [0.66, 0.2, 0.05])
+def test_B2_relative_threshold_stalls_on_slow_relative_progress(scale):
+    """Default controller (eps_rel 0.1, eps_abs 1e-3, patience and warm-up 10, peak guard): C falling by
+    0.5% of itself a round. Round 1 is not tracked (the guard waits for a fall), round 2 sets c_min; a new
+    minimum needs C < 0.9 c_min, i.e. 0.995^k < 0.9, k = 22 rounds > patience, so tau halves at round 12
+    (r - r_min = 10, warm-up 12 >= 10). After the change round 13 sets c_min again and round 23 halves,
+    then 34, 45: every 11 rounds. The same at every scale of C (its improvement relative to itself is what
+    counts; here 0.1 c_min > eps_abs throughout), which the absolute threshold alone does not do: with
+    eps_rel = 0 C falls by more than 1e-3 a round at scale 0.66 (0.0033) and tau never moves."""
+    d = scripted(geometric(0.005, 50, scale), eps_rel=0.1)
+    assert [(i + 1, x.tau_next) for i, x in enumerate(d) if x.reason] == [(12, 50), (23, 25), (34, 13), (45, 7)]
+    assert all(x.reason in (None, "stagnation") for x in d)
+    if scale == 0.66:
+        assert taus(scripted(geometric(0.005, 50, scale))) == [100] * 50
+
+
+@pytest.mark.parametrize("scale", [0.66, 0.05])
+def test_B2_relative_threshold_keeps_tau_while_C_improves(scale):
+    """C falling by 2% of itself a round: 0.98^k < 0.9 after k = 6 rounds < patience, so a new minimum
+    comes every 6 rounds and tau never moves in 100 rounds (C goes from scale to 0.13 scale; 0.1 c_min
+    stays above eps_abs = 1e-3 for scale 0.05 down to c_min = 0.01, which 0.05 0.98^80 reaches)."""
+    assert taus(scripted(geometric(0.02, 80, scale), eps_rel=0.1)) == [100] * 80
+
+
+def test_B2_relative_is_the_default_and_eps_abs_the_floor_near_zero():
+    """A default-built controller decides as eps_rel = 0.1 with eps_abs = 1e-3: the 0.5% schedule above.
+    Near 0 the absolute floor decides: C = 5e-4 0.9^r (the toy's theta^r decay, 10% a round) makes a new
+    minimum 0.1 c_min lower every 2 rounds, but C is below 1e-3 altogether, so with the floor no round
+    after round 2's c_min is a new minimum and tau halves at round 12; without it (eps_abs = 0) it never does."""
+    ctl = GiftController(100, size=1, theta=0.0)
+    got = [ctl.step(np.array([c]), np.array([1.0])).tau_next for c in geometric(0.005, 50, 0.66)]
+    assert got == taus(scripted(geometric(0.005, 50, 0.66), eps_rel=0.1))
+    near_zero = geometric(0.1, 30, 5e-4)
+    assert [i + 1 for i, x in enumerate(scripted(near_zero, eps_rel=0.1)) if x.reason][:1] == [12]
+    assert taus(scripted(near_zero, eps_rel=0.1, eps_abs=0.0)) == [100] * 30
+
+
+def test_B2_default_resets_the_pools_on_a_change():
+    """The default controller zeroes P~ and N~ when tau changes (reset_ema_on_tau_change defaults to true):
+    the round after the change reports its own raw metric, as test_B2_ema_reset_on_change[True] does."""
+    ctl = GiftController(4, size=1, theta=0.9, warmup=0, patience=1)
+    d = [ctl.step(np.array([c]), np.array([1.0])) for c in (1.0, 0.0, 1.0)]
+    assert d[-1].tau_next == 2 and not ctl.ema.P.any() and not ctl.ema.N.any()
+    assert ctl.step(np.array([0.2]), np.array([1.0])).C == pytest.approx(0.2, rel=1e-12)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_B1_literal_never_resets_the_pools(reset):
+    """Algorithm 1 has no reset: in literal mode the pools carry over a change whatever
+    reset_ema_on_tau_change says. theta 0.9, rounds S = c, A = 1 with c = 1, 0, 1, 0.2: C = 1, 0.09/0.19,
+    0.181/0.271 (>= C_2: line 12 halves 4 to 2 at round 3), then without a reset 0.1829/0.3439 < C_3, so
+    tau stays 2 (a reset would report 0.2)."""
+    ctl = GiftController(4, size=1, theta=0.9, mode="literal", reset_ema_on_tau_change=reset)
+    d = [ctl.step(np.array([c]), np.array([1.0])) for c in (1.0, 0.0, 1.0, 0.2)]
+    assert [x.tau_next for x in d] == [4, 4, 2, 2] and d[2].reason == "literal"
+    assert d[3].C == pytest.approx(0.1829 / 0.3439, rel=1e-12)
+
+
 @pytest.mark.parametrize("phase", ["always", "initial"])
 def test_B5_resume_bitwise(phase):
     """60 noisy rounds with every branch live (relaxation, scale_patience, eps_rel, gamma 1.5):
@@ -339,150 +394,3 @@ def test_controller_rejects_bad_parameters():
         GiftController(100, size=1, pool_normalize="mean").step([1.0], [1.0])
     with pytest.raises(ValueError, match="shape"):
         GiftController(100, size=2).step([1.0], [1.0])
-
-
-# ---------------------------------------------------------------- C: the Fig. 1 toy
-
-def fixed_point(tau: int, eta: float) -> float:
-    """FedAvg's fixed point on the toy: 2 (4 + a - 5 b) / (2 - a - b), a = (1 - 2 eta)^tau,
-    b = (1 - 0.4 eta)^tau (client 1 maps w to -2 + a (w + 2), client 2 to 10 + b (w - 10))."""
-    a, b = (1 - 2 * eta) ** tau, (1 - 0.4 * eta) ** tau
-    return 2 * (4 + a - 5 * b) / (2 - a - b)
-
-
-@pytest.mark.parametrize("tau,eta,table", [(1, 0.05, 0.0), (2, 0.05, 0.069686), (10, 0.05, 0.631261),
-                                           (32, 0.05, 1.962742), (64, 0.05, 3.049131), (100, 0.05, 3.573965),
-                                           (500, 0.05, 3.999877), (10, 0.1, 1.275803)])
-def test_C1_fixed_point(tau, eta, table):
-    """The plain loop from w0 = -100, run until a round moves w by < 1e-13, ends at the closed
-    form (the contraction is at most 0.94 per round, so the residual is < 2e-12); the closed form
-    matches the paper-derived table to 1e-6."""
-    w, step = -100.0, math.inf
-    while step >= 1e-13:
-        u1, u2 = toy_round(w, tau, eta)
-        step = abs((u1 + u2) / 2)
-        w += (u1 + u2) / 2
-    assert w == pytest.approx(fixed_point(tau, eta), abs=1e-10)
-    assert fixed_point(tau, eta) == pytest.approx(table, abs=1e-6)
-
-
-def test_C2_C3_agreement_then_bifurcation():
-    """tau = 64, theta = 0.9: both clients move right in rounds 1-2 (C = 1 exactly); by round 10
-    w sits at the fixed point 3.049131 with updates -+5.04318 that cancel, so the pools' signed
-    part only decays (C ~ theta^r: ratio 0.9 per round) while the absolute part stays. C_20, C_50
-    and C_100 are the reference values of an independent prototype of the same toy (2%)."""
-    pools = Pools(1, theta=0.9)
-    ctl = GiftController(64, size=1, mode="fixed", theta=0.9)
-    w, C = -100.0, []
-    for r in range(1, 101):
-        u1, u2 = toy_round(w, 64)
-        S, A = np.array([u1 + u2]), np.array([abs(u1) + abs(u2)])
-        C.append(pools.update(S, A))
-        d = ctl.step(S, A)
-        assert d.C == C[-1] and d.tau_next == 64      # fixed mode: same C, tau kept
-        if r <= 2:
-            assert u1 > 0 and u2 > 0
-        if r == 10:
-            assert (u1, u2) == (pytest.approx(-5.04318, abs=1e-5), pytest.approx(5.04318, abs=1e-5))
-            assert w + (u1 + u2) / 2 == pytest.approx(3.049131, abs=1e-6)
-        w += (u1 + u2) / 2
-    assert C[0] == C[1] == 1.0
-    assert C[19] == pytest.approx(0.250, rel=0.02)
-    assert C[49] == pytest.approx(1.19e-2, rel=0.02)
-    assert C[99] == pytest.approx(6.1e-5, rel=0.02)
-    assert C[99] / C[98] == pytest.approx(0.9, abs=1e-3)
-
-
-def test_C4_gift_escapes():
-    """Stagnation mode with defaults from tau0 = 64 halves tau down to 1 within 400 rounds and
-    reaches |w| < 0.01 (the optimum is 0); FedAvg at tau = 64 stays at its fixed point 3.049131."""
-    ctl = GiftController(64, size=1)
-    w, wf, tau, levels = -100.0, -100.0, 64, [64]
-    for r in range(400):
-        u1, u2 = toy_round(w, tau)
-        d = ctl.step(np.array([u1 + u2]), np.array([abs(u1) + abs(u2)]))
-        w += (u1 + u2) / 2
-        if d.tau_next != tau:
-            levels.append(d.tau_next)
-        tau = d.tau_next
-        f1, f2 = toy_round(wf, 64)
-        wf += (f1 + f2) / 2
-    assert levels == [64, 32, 16, 8, 4, 2, 1]
-    assert abs(w) < 0.01
-    assert wf == pytest.approx(3.049131, abs=1e-6)
-
-
-# ---------------------------------------------------------------- AdaComm and AFL
-
-def adacomm_run(fix: bool, rounds) -> list:
-    ctl = AdaCommController(16, saturation_fix=fix)
-    return [ctl.step(loss, dur) for loss, dur in rounds]
-
-
-# (loss, seconds): T0 = 10 x 0.1 s; ten rounds of 0.1 s sum to 0.9999999999999999, which reaches it
-ADA = [(4.0, 0.1)] + [(3.0, 0.1)] * 8 + [(2.0, 0.1)] + [(3.0, 0.1)] * 9 + [(2.5, 0.1)] \
-    + [(1.0, 0.05)] * 19 + [(0.25, 0.05)]
-
-
-def test_adacomm_formula_and_saturation():
-    """F0 = 4 (round 1). Round 10 (t = 1 = T0): F = 2 < 4, tau = ceil(sqrt(1/2) 16) = ceil(11.31) = 12.
-    Round 20 (t = 2): F = 2.5 >= 2, the saturation fix halves 12 to 6; without it
-    ceil(sqrt(2.5/4) 16) = ceil(12.65) = 13. Round 40 (t = 3 after twenty 0.05 s rounds): F = 0.25,
-    ceil(sqrt(1/16) 16) = 4 in both."""
-    for fix, mid, why in ((True, 6, "saturation"), (False, 13, "adacomm")):
-        d = adacomm_run(fix, ADA)
-        assert taus(d) == [16] * 9 + [12] * 10 + [mid] * 20 + [4]
-        assert [(i + 1, x.reason) for i, x in enumerate(d) if x.reason] == [(10, "adacomm"), (20, why), (40, "adacomm")]
-
-
-def test_adacomm_clip_rounds_and_resume():
-    """Without a clock, boundaries every 3 rounds; a loss above F0 gives sqrt(9/4) 16 = 24, clipped
-    to tau_max = tau0 = 16 (no change, no event); a NaN round changes nothing. A controller loaded
-    from scalars() at round 4 continues identically."""
-    seq = [4.0, 3.0, 1.0, 2.0, math.nan, 9.0, 3.0, 3.0, 1.0]
-    ctl = AdaCommController(16, clock=False, interval_rounds=3, saturation_fix=False)
-    d = [ctl.step(x) for x in seq]
-    # round 3: ceil(sqrt(1/4) 16) = 8; round 6: 24 -> 16; round 9: 8
-    assert taus(d) == [16, 16, 8, 8, 8, 16, 16, 16, 8]
-    a = AdaCommController(16, clock=False, interval_rounds=3, saturation_fix=False)
-    [a.step(x) for x in seq[:4]]
-    b = AdaCommController(16, clock=False, interval_rounds=3, saturation_fix=False)
-    b.load_state(a.state())
-    assert [b.step(x) for x in seq[4:]] == d[4:]
-    with pytest.raises(ValueError, match="duration"):
-        AdaCommController(16).step(1.0)
-    # F equal to F_prev did not decrease: the fix halves (the formula would keep sqrt(1) 16 = 16)
-    eq = AdaCommController(16, clock=False, interval_rounds=2)
-    assert [eq.step(4.0).tau_next for _ in range(2)] == [16, 8]
-
-
-def test_afl_hand_case():
-    """eta = 0.5, beta = 2, delta = 1: h = (2^tau - 1)/2 - tau/2 = 0, 0.5, 2. With phi = 1, c = 1,
-    b = 3, R = 4: T' = 4 tau / (tau + 3) = 1, 1.6, 2 and G = [1 + sqrt(1 + 2 T'^2 rho h / tau)] / T'
-    + rho h. rho = 0.75: G(1) = 2, G(2) = (1 + sqrt(1.96))/1.6 + 0.375 = 1.875,
-    G(3) = (1 + sqrt 5)/2 + 1.5 = 3.118..., so tau* = 2."""
-    args = dict(eta=0.5, beta=2.0, rho=0.75, delta=1.0, phi=1.0, c=1.0, b=3.0, R=4.0)
-    assert [afl_h(t, 0.5, 2.0, 1.0) for t in (1, 2, 3)] == pytest.approx([0, 0.5, 2], abs=1e-12)
-    assert [afl_G(t, **args) for t in (1, 2, 3)] == pytest.approx([2, 1.875, (1 + 5 ** 0.5) / 2 + 1.5], rel=1e-12)
-    assert afl_tau(**args, tau_max=3) == 2 and afl_tau(**args, tau_max=1) == 1
-    # rho = 0: G = 2 / T' = 2 (c tau + b) / (R tau) falls with tau -> tau_max; b = 0 too: G = 2 c / R
-    # for every tau, a tie, so the smallest tau.
-    assert afl_tau(**{**args, "rho": 0.0}, tau_max=7) == 7
-    assert afl_tau(**{**args, "rho": 0.0, "b": 0.0}, tau_max=7) == 1
-
-
-def test_afl_beta_limit_and_errors():
-    """h -> 0 as beta -> 0, to first order delta eta^2 beta tau (tau - 1)/2; near that limit the
-    closed form cancels, so compare with the exact rational value of the same float inputs.
-    delta = 0 gives h = 0. Invalid inputs name the parameter."""
-    from fractions import Fraction as Fr
-    assert afl_h(10, 0.1, 0.0, 2.0) == 0.0 and afl_h(10, 0.1, 0.3, 0.0) == 0.0
-    for beta in (1e-12, 1e-6, 1e-3, 0.5):
-        e, bt, dl = Fr(0.1), Fr(beta), Fr(2.0)
-        exact = dl / bt * ((e * bt + 1) ** 10 - 1) - e * dl * 10
-        assert afl_h(10, 0.1, beta, 2.0) == pytest.approx(float(exact), rel=1e-12, abs=0)
-    assert afl_h(10, 0.1, 1e-12, 2.0) == pytest.approx(2 * 0.01 * 1e-12 * 45, rel=1e-9, abs=0)
-    for bad, name in [({"eta": 0.0}, "eta"), ({"beta": -1.0}, "beta"), ({"phi": math.nan}, "phi"),
-                      ({"R": 0.0}, "R"), ({"c": 0.0, "b": 0.0}, "c"), ({"tau_max": 0}, "tau_max")]:
-        with pytest.raises(ValueError, match=name):
-            afl_tau(**{**dict(eta=0.1, beta=1.0, rho=1.0, delta=1.0, phi=0.1, c=1.0, b=1.0, R=100.0), **bad})
