@@ -62,7 +62,25 @@ def _agree(comm, err: Exception | None) -> None:
     if bad:
         if comm.rank == 0:
             print(bad[0], file=sys.stderr, flush=True)
+        from .io import rundir
+
+        rundir.abandon()   # the run will not start: release --out (and remove it if planning created it)
         _exit_all(EXIT_INPUT)
+
+
+def _write_failed(comm, err: Exception | None) -> None:
+    """Collective: rank 0's write failed (``err``): it prints why, every rank exits together,
+    2 for a results file found damaged, :data:`~hpcfl.control.EXIT_WRITE` for a full disk or
+    another I/O error (nothing written before was lost: free space and run again)."""
+    from .control import EXIT_WRITE
+    from .io.h5check import BadFile
+
+    failed = comm.bcast(None if err is None else (str(err), EXIT_INPUT if isinstance(err, BadFile) else EXIT_WRITE),
+                        root=0)
+    if failed:
+        if comm.rank == 0:
+            print(f"hpcfl: {failed[0]}", file=sys.stderr, flush=True)
+        _exit_all(failed[1])
 
 
 def _exit_all(code: int) -> None:
@@ -97,7 +115,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     Only reads: every path and ownership problem is raised here, before the job's data
     is loaded and long before anything is moved or written (see :func:`_commit`).
     """
-    from . import config
+    from . import config, resume
     from .io import results, rundir
     from .io.checkpoint import CheckpointStore
 
@@ -105,7 +123,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
     rundir.check_writable(ckpt_dir, "checkpoint.dir", "set checkpoint.dir to a directory you can write, or leave "
                                                       "it unset for <out>/checkpoints")
-    if out.is_dir() and cfg.results.locking:   # before reading: a live run may be rewriting these files
+    if cfg.results.locking:   # before reading (creates --out): a run started at the same time may be planning too
         rundir.lock(out)
     store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.is_dir() else None
     path = out / "results.h5"
@@ -113,7 +131,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
         rundir.check_owner(ckpt_dir, None, path)
         old = [path] + ([p for _, p in store.list()] + [ckpt_dir / rundir.MARKER] if store else [])
         return Plan("fresh", rundir.new_run_id(), ckpt_dir, replace=old)
-    found = results.status(path)
+    found = rundir.existing_results(path)   # a link, a foreign or a damaged file: refused without --force
     if found is None:
         rundir.check_owner(ckpt_dir, None, path)
         if store and store.list():
@@ -142,6 +160,8 @@ def _plan_run(cfg, out: Path, args) -> Plan:
         return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting at round 1"])
     loaded = store.load_latest()
     notes = [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
+    if loaded is not None:
+        resume.check_job(loaded, cfg)   # a checkpoint of another job is never resumed from
     if loaded is None:
         return Plan("fresh", run_id, ckpt_dir, notes=notes + [f"no valid checkpoint in {ckpt_dir}; starting at "
                                                               f"round 1"])
@@ -178,7 +198,7 @@ def _commit(cfg, out: Path, plan: Plan):
 
 def cmd_run(args, comm) -> int:
     from . import config, resume, signals, simulation
-    from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, RunControl
+    from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE, RunControl
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
     from .runtime import versions
@@ -199,6 +219,14 @@ def cmd_run(args, comm) -> int:
     except HpcflError as exc:
         err = exc
     _agree(comm, err)
+    if any(comm.allgather(signals.stop_requested())):   # stopped during start-up: nothing is written
+        if comm.rank == 0:
+            print("hpcfl: stopped during start-up; nothing was written or changed. Run the same command again to "
+                  "start", file=sys.stderr, flush=True)
+        from .io import rundir
+
+        rundir.abandon()
+        _exit_all(EXIT_RESUMABLE)
     # The job is valid and its data found on every rank: only now may rank 0 change files.
     if comm.rank == 0 and plan.mode not in ("done", "diverged"):
         try:
@@ -226,9 +254,14 @@ def cmd_run(args, comm) -> int:
         counts = setup.class_counts
         attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "run_id": plan.run_id, "versions": versions(),
                  "world_size": comm.size, "devices": devices, "seed": cfg.run.seed}
-        writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
-                               metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
-        history = metric_rows(out / "results.h5") if mode == "resume" else []
+        try:
+            writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
+                                   metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
+            history = metric_rows(out / "results.h5") if mode == "resume" else []
+        except HpcflError as exc:   # a full disk, or a results file damaged since planning
+            err = exc
+    _write_failed(comm, err)
+    if comm.rank == 0:
         progress = Progress(cfg.run.rounds, cfg.runtime.progress)
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{comm.size} rank(s), device {setup.device}, {setup.threads} thread(s)/rank; startup "
@@ -239,7 +272,11 @@ def cmd_run(args, comm) -> int:
             writer.append_round(metrics, clients)
         except HpcflError as exc:     # disk full: say so, end every rank; checkpoints stay valid
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-            comm.Abort(1)
+            writer.close_after_failure()
+            if comm.size == 1:   # no exit handlers: HDF5's may crash after a write that failed
+                sys.stdout.flush()
+                os._exit(EXIT_WRITE)
+            comm.Abort(EXIT_WRITE)   # the other ranks may be in a collective: only an abort reaches them
         history.append(metrics)
         progress.update(metrics)
 
@@ -261,8 +298,8 @@ def cmd_run(args, comm) -> int:
         if failure:
             if comm.rank == 0:
                 print(f"hpcfl: {failure}", file=sys.stderr, flush=True)
-                writer.close()
-            _exit_all(1)
+                writer.close_after_failure()
+            _exit_all(EXIT_WRITE)
 
     control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s, cfg.checkpoint.every_minutes)
     try:
@@ -270,7 +307,7 @@ def cmd_run(args, comm) -> int:
                            checkpoint=checkpoint)
     except simulation.Diverged as exc:
         if comm.rank == 0:
-            writer.mark_diverged(exc.round)
+            _final_write(writer.mark_diverged, exc.round)
             writer.close()
             progress.close()
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
@@ -288,8 +325,8 @@ def cmd_run(args, comm) -> int:
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
         _exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
     if comm.rank == 0:
-        writer.write_final(x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
-                           setup.dataset.num_classes)
+        _final_write(writer.write_final, x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
+                     setup.dataset.num_classes)
         writer.close()
         progress.close()
     signals.ignore()   # finished: a stop signal from here on changes nothing
@@ -300,6 +337,20 @@ def cmd_run(args, comm) -> int:
     control.close()   # another run may follow in this process (hpcfl sweep): end this one's
     rundir.unlock()   # watchdog and release its --out
     return 0
+
+
+def _final_write(write, *args) -> None:
+    """Rank 0, after the last round: ``write(*args)``; a full disk ends this rank with EXIT_WRITE (the
+    others have nothing left to do), results.h5 closed with every round and the checkpoints intact."""
+    from .control import EXIT_WRITE
+    from .io import rundir
+
+    try:
+        write(*args)
+    except HpcflError as exc:
+        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+        rundir.unlock()
+        _exit_all(EXIT_WRITE)
 
 
 def cmd_info(args, comm) -> int:

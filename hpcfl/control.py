@@ -20,6 +20,7 @@ from .signals import stop_requested
 EXIT_GUARD = 3
 EXIT_DIVERGED = 4
 EXIT_RESUMABLE = 75
+EXIT_WRITE = 74   # results or a checkpoint could not be written (disk full, quota, I/O error): free space, rerun
 
 
 class Watchdog:
