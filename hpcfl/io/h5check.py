@@ -8,7 +8,7 @@ Three dangers, each measured on HDF5 2.0 / h5py 3.16:
   is opened in SWMR mode only when its superblock says a SWMR writer has it open (a live or
   killed run), the stored end of file is checked against the file's size first (HDF5 skips
   that check for SWMR readers), and where the HDF5 library can be reached the retries are
-  bounded to :data:`READ_ATTEMPTS` (about a second of back-off in all).
+  bounded to :data:`READ_ATTEMPTS` (about 0.3 s of back-off per failing read).
 * **Other files' bytes.** A dataset with external storage reads any file of the machine, a
   virtual dataset reads other HDF5 files, an external or soft link opens other objects:
   :func:`dataset` and :func:`member` refuse them.
@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import HpcflError
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
-READ_ATTEMPTS = 30          # SWMR metadata read tries: back-off doubles from 1 us, so ~1 s in all
+READ_ATTEMPTS = 28          # SWMR metadata read tries: ~0.3 s of back-off per failing read (HDF5: 100, hours)
 LIVE_WAIT_S = 2.0           # how long a file marked open by a SWMR writer may trail its stored size
 FILTER_FACTOR = 100         # a compressed dataset may be this many times its file's size
 _SWMR_WRITE, _WRITE = 0x04, 0x01   # superblock v3 status flags

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import HpcflError
 from .h5check import BadFile, member, open_read, read, superblock
+from .schema import CLIENT_FIELDS, METRICS
 
 MAX_CONFIG_DEPTH = 16   # a job nests 3 deep; deeper JSON is not a job (and would exhaust the recursion limit)
 SEGMENT_COLUMNS = ("start_round", "world_size", "devices", "versions", "started")
@@ -33,7 +34,7 @@ def open_results(path: Path) -> h5py.File:
 
 @dataclass
 class Results:
-    """Plain-array view of a results file (see hpcfl.io.results for the layout)."""
+    """Plain-array view of a results file (see hpcfl.io.schema for the layout)."""
 
     metrics: dict[str, np.ndarray]
     clients: dict[str, np.ndarray]
@@ -245,8 +246,6 @@ def load(path: str | Path) -> Results:
     ``path`` may be the file or the run's output directory. Raises BadFile (an HpcflError)
     naming the file and the problem for a damaged, truncated or crafted file.
     """
-    from .results import CLIENT_FIELDS, METRICS
-
     path = Path(path)
     if path.is_dir():
         path = path / "results.h5"
@@ -306,8 +305,6 @@ def diverged_round(path: Path) -> int | None:
 
 def metric_rows(path: Path) -> list[dict]:
     """The metrics table as a list of per-round dicts (for the closing summary)."""
-    from .results import METRICS
-
     path = Path(path)
     live = bool(superblock(path)["flags"] & 0x04)
     with open_results(path) as f:
