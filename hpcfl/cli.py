@@ -68,21 +68,6 @@ def _agree(comm, err: Exception | None) -> None:
         _exit_all(EXIT_INPUT)
 
 
-def _write_failed(comm, err: Exception | None) -> None:
-    """Collective: rank 0's write failed (``err``): it prints why, every rank exits together,
-    2 for a results file found damaged, :data:`~hpcfl.control.EXIT_WRITE` for a full disk or
-    another I/O error (nothing written before was lost: free space and run again)."""
-    from .control import EXIT_WRITE
-    from .io.h5check import BadFile
-
-    failed = comm.bcast(None if err is None else (str(err), EXIT_INPUT if isinstance(err, BadFile) else EXIT_WRITE),
-                        root=0)
-    if failed:
-        if comm.rank == 0:
-            print(f"hpcfl: {failed[0]}", file=sys.stderr, flush=True)
-        _exit_all(failed[1])
-
-
 def _exit_all(code: int) -> None:
     """Exit with ``code`` on a path every rank takes together.
 
@@ -198,7 +183,8 @@ def _commit(cfg, out: Path, plan: Plan):
 
 def cmd_run(args, comm) -> int:
     from . import config, resume, signals, simulation
-    from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE, RunControl
+    from .control import (EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE, RunControl, final_write,
+                          write_failed)
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
     from .runtime import versions
@@ -260,7 +246,7 @@ def cmd_run(args, comm) -> int:
             history = metric_rows(out / "results.h5") if mode == "resume" else []
         except HpcflError as exc:   # a full disk, or a results file damaged since planning
             err = exc
-    _write_failed(comm, err)
+    write_failed(comm, err)
     if comm.rank == 0:
         progress = Progress(cfg.run.rounds, cfg.runtime.progress)
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
@@ -307,7 +293,7 @@ def cmd_run(args, comm) -> int:
                            checkpoint=checkpoint)
     except simulation.Diverged as exc:
         if comm.rank == 0:
-            _final_write(writer.mark_diverged, exc.round)
+            final_write(writer.mark_diverged, exc.round)
             writer.close()
             progress.close()
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
@@ -325,8 +311,8 @@ def cmd_run(args, comm) -> int:
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
         _exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
     if comm.rank == 0:
-        _final_write(writer.write_final, x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
-                     setup.dataset.num_classes)
+        final_write(writer.write_final, x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
+                    setup.dataset.num_classes)
         writer.close()
         progress.close()
     signals.ignore()   # finished: a stop signal from here on changes nothing
@@ -337,20 +323,6 @@ def cmd_run(args, comm) -> int:
     control.close()   # another run may follow in this process (hpcfl sweep): end this one's
     rundir.unlock()   # watchdog and release its --out
     return 0
-
-
-def _final_write(write, *args) -> None:
-    """Rank 0, after the last round: ``write(*args)``; a full disk ends this rank with EXIT_WRITE (the
-    others have nothing left to do), results.h5 closed with every round and the checkpoints intact."""
-    from .control import EXIT_WRITE
-    from .io import rundir
-
-    try:
-        write(*args)
-    except HpcflError as exc:
-        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-        rundir.unlock()
-        _exit_all(EXIT_WRITE)
 
 
 def cmd_info(args, comm) -> int:
