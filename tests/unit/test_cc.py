@@ -105,6 +105,39 @@ def test_the_compiler_can_be_named(cache, tmp_path, monkeypatch):
     assert cc.load(src).answer() == 41
 
 
+LOAD_CHILD = "from pathlib import Path; from hpcfl import cc; print(cc.load(Path({src!r})).answer())"
+
+
+@needs_cc
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "planted"])
+def test_a_damaged_or_planted_library_is_never_mapped(cache, tmp_path, damage):
+    """A truncated library loaded and died with SIGBUS in every later run (and in hpcfl info), flipped
+    bytes gave SIGILL, a planted one ran its constructor. Loaded in a child process, so that a
+    regression fails the test instead of killing the test process."""
+    src = source(tmp_path, 5)
+    assert cc.load(src).answer() == 5
+    target = next(cache.glob("*.so"))
+    data = bytearray(target.read_bytes())
+    marker = tmp_path / "constructor-ran"
+    if damage == "truncated":          # as a disk that filled up during a compile leaves it
+        target.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "flipped":
+        for i in range(len(data) // 3, len(data) // 3 + 256):
+            data[i] ^= 0xFF
+        target.write_bytes(bytes(data))
+    else:                              # someone else's library under the cached name
+        evil = tmp_path / "evil.c"
+        evil.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void run(void) {{ '
+                        f'FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\nint answer(void) {{ return 666; }}\n')
+        subprocess.run([*cc.compiler(), *cc.FLAGS, str(evil), "-o", str(target)], check=True)
+    p = subprocess.run([sys.executable, "-c", LOAD_CHILD.format(src=str(src))], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "5", (p.returncode, p.stderr)
+    assert "does not match its recorded hash" in p.stderr and "compiling it again" in p.stderr
+    assert not marker.exists()
+    assert cc.verified(target) is True                               # compiled again, whole
+
+
 @needs_cc
 def test_a_failed_compile_warns_and_gives_none(cache, tmp_path):
     bad = tmp_path / "bad.c"
