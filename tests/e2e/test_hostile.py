@@ -250,6 +250,24 @@ def test_a_small_full_filesystem(tmp_path, finished):
         subprocess.run(["umount", "-l", str(mnt)])
 
 
+# ---- values no run can use --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad,words", [
+    (["--set", "algorithm.lr=1e308"], "algorithm.lr = 1e+308 is too large"),
+    (["--set", "run.seed=18446744073709551616"], "run.seed = 18446744073709551616 does not fit a 64-bit integer"),
+    (["--set", "algorithm.batch_size=1000000000000"], "algorithm.batch_size = 1000000000000 exceeds the whole "
+                                                      "training set"),
+    (["--set", "model.mlp.hidden=" + "[" * 50000 + "]" * 50000], "nests arrays too deeply"),
+])
+def test_values_no_run_can_use_exit_2_before_anything_is_written(tmp_path, bad, words):
+    """These gave tracebacks (exit 1); seed = 2**64 after creating results.h5. The batch size is
+    checked against the data, after the lock was taken on the new --out: the folder goes again."""
+    out = tmp_path / "o"
+    p = hpcfl("run", job(tmp_path), "--out", str(out), *bad)
+    assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not out.exists()
+
+
 # ---- bad input on two ranks, Ctrl-C --------------------------------------------------------------
 
 def test_a_job_file_that_is_not_utf8_exits_2_on_two_ranks(tmp_path):

@@ -158,3 +158,13 @@ def test_an_entry_without_hashes_is_generated_again(tmp_path, capsys):
     data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
     assert "records no content hashes" in capsys.readouterr().out
     assert "files" in json.loads((path / "meta.json").read_text())
+
+
+def test_a_stop_requested_during_generation_skips_the_cache_write(tmp_path, monkeypatch):
+    """Ctrl-C during start-up waited for generation, a 704 MB cache write and round 1: the write can wait."""
+    from hpcfl import signals
+
+    monkeypatch.setattr(signals, "_requested", ["SIGINT"])
+    ds = data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    same(ds, data.load_dataset("synthetic_images", SMALL, None, 0, "off"))
+    assert not (tmp_path / "datasets").exists() or not any((tmp_path / "datasets").iterdir())
