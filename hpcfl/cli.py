@@ -284,7 +284,7 @@ def cmd_run(args, comm) -> int:
         if failure:
             if comm.rank == 0:
                 print(f"hpcfl: {failure}", file=sys.stderr, flush=True)
-                writer.close_after_failure()
+                writer.close()
             _exit_all(EXIT_WRITE)
 
     control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s, cfg.checkpoint.every_minutes)

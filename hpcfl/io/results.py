@@ -337,7 +337,12 @@ class ResultsWriter:
         a killed run's SWMR file: every flushed round reads back)."""
         self._abandon(None)
 
+    @h5check.quiet
     def close(self) -> None:
+        """Close the file; if HDF5 cannot (a full disk), close it as after a failed write."""
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except (OSError, RuntimeError):
+                h5check.close_failed(self.file)
             self.file = None

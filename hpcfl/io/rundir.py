@@ -92,12 +92,22 @@ def lock(out: Path) -> None:
     The lock file is opened without following links and must be a regular file with one
     name: a link planted there could otherwise make the run truncate another file.
     """
+    for _ in range(3):   # a run that abandons --out may remove the file between our open and our flock
+        f = _open_lock(out)
+        if f is not None:
+            return
+    raise HpcflError(f"could not lock {out}: its lock file kept being removed; try again")
+
+
+def _open_lock(out: Path):
+    """One try of :func:`lock`: the held file, or None when the lock file was removed meanwhile."""
     import fcntl
 
     created = _make_dirs(out)
     path = out / LOCK
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
         _undo(created)
         if exc.errno == errno.ELOOP:
@@ -106,7 +116,7 @@ def lock(out: Path) -> None:
         raise HpcflError(f"cannot create the lock file {path} ({exc.strerror or exc}); choose a directory you "
                          f"can write with --out") from None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         os.close(fd)
         _undo(created)
         what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a hard link to another file"
@@ -125,12 +135,20 @@ def lock(out: Path) -> None:
         _undo(created)
         raise HpcflError(f"cannot lock {path} ({exc.strerror or exc}); on a filesystem without file "
                          f"locking set results.locking = false") from None
+    try:
+        same = os.lstat(path).st_ino == st.st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:   # removed (or replaced) between open and flock: this lock guards nothing
+        f.close()
+        return None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
     f.flush()
     _held.append(f)
     _created.extend(created)
+    return f
 
 
 def _make_dirs(out: Path) -> list[Path]:
@@ -139,7 +157,7 @@ def _make_dirs(out: Path) -> list[Path]:
     while not p.exists() and not p.is_symlink() and p.parent != p:
         made.append(p)
         p = p.parent
-    for d in reversed(made):
+    for d in list(reversed(made)):
         try:
             d.mkdir()
         except FileExistsError:   # another run made it meanwhile: not ours to remove
