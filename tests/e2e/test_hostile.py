@@ -4,7 +4,6 @@ Nothing written is lost, nothing outside --out is touched, nothing hangs, every 
 
 import argparse
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import h5py
 import pytest
 
 from hpcfl import cli, config
-from hpcfl.io import h5check, rundir
+from hpcfl.io import rundir
 from hpcfl.results import load
 
 from clirun import ROOT, assert_same_run, hpcfl, kill_group, reference_run, start

@@ -124,7 +124,7 @@ def test_external_storage_never_reads_the_other_file(good, tmp_path):
         load(path)
 
 
-def test_the_good_file_loads_and_its_copy_with_a_user_block_too(good, tmp_path):
+def test_the_good_file_loads_with_its_source(good):
     res = load(good)
     assert res.metrics["round"].tolist() == [1, 2, 3] and res.source == good
     assert res.param_shapes == [(2, 2)] and res.input_shape == (2,)
