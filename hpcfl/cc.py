@@ -14,8 +14,12 @@ folder; every later process maps the shared library in about a millisecond.
 - Cache: ``kernels/NAME-KEY.so`` under ``$HPCFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpcfl``, else
   ``~/.cache/hpcfl``; KEY hashes the source, the compiler's path, size and time stamp, the
   flags and the platform, so a changed source or compiler never loads a stale file. A file is
-  compiled under a temporary name and renamed into place: ranks compiling at once leave one
-  whole file. A folder that cannot be written costs a compile per process (a warning says so).
+  compiled under a temporary name, fsynced and renamed into place: ranks compiling at once leave
+  one whole file. A folder that cannot be written costs a compile per process (a warning says so).
+- Content check: beside each ``.so`` its SHA-256 is kept in ``NAME-KEY.so.sha256``, written after
+  the compile; the library is hashed and compared before it is mapped. A file that does not
+  match (truncated by a full disk: SIGBUS in every later run; flipped bits: SIGILL; a file
+  put there by hand) is never loaded: it is compiled again, and a warning says so.
 - No compiler, a failed compile, or ``HPCFL_NO_CC=1``: :func:`load` returns None and the
   caller uses its numba or torch form (the same bits; kernels check their own results).
 """
@@ -66,17 +70,45 @@ def cache_folder() -> Path:
 
 
 def _compile(cc: list[str], source: Path, target: Path) -> None:
-    """Compile ``source`` into ``target`` (a temporary name beside it, then renamed into place)."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    """Compile ``source`` into ``target`` (a temporary name beside it, fsynced, then renamed into
+    place), and write its hash beside it (:func:`_digest_path`)."""
+    tag = f"{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    tmp = target.with_name(f".{target.name}.{tag}")
+    side = _digest_path(target)
+    side_tmp = side.with_name(f".{side.name}.{tag}")
     try:
         done = subprocess.run([*cc, *FLAGS, str(source), "-o", str(tmp)], capture_output=True, text=True,
                               timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"{shlex.join(cc)} failed: {(done.stderr or done.stdout).strip()[:500]}")
+        with open(tmp, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+            os.fsync(f.fileno())   # the bytes are on disk before a name points at them
         os.replace(tmp, target)   # a reader sees no file or a whole one
+        side_tmp.write_text(digest + "\n")
+        os.replace(side_tmp, side)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
+
+
+def _digest_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def verified(target: Path) -> bool | None:
+    """Whether the cached library ``target`` matches the hash written beside it; None if there is none.
+
+    A missing or unreadable hash file counts as a mismatch: the library is compiled again.
+    """
+    if not target.exists():
+        return None
+    try:
+        expected = _digest_path(target).read_text().strip()
+        with open(target, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == expected
+    except OSError:
+        return False
 
 
 def load(source: Path) -> ctypes.CDLL | None:
@@ -96,11 +128,16 @@ def load(source: Path) -> ctypes.CDLL | None:
     folder = cache_folder()
     target = folder / f"{source.stem}-{key(text, cc)}.so"
     try:
-        if target.exists():
+        ok = verified(target)
+        if ok:
             try:
                 return ctypes.CDLL(str(target))
-            except OSError:   # damaged (a disk that filled up): compile it again over it
+            except OSError:   # an unloadable file with a matching hash (copied from another machine?)
                 pass
+        elif ok is False:   # never mapped: a damaged library can crash the process (SIGBUS, SIGILL)
+            why = ("does not match its recorded hash (damaged, e.g. by a full disk, or replaced)"
+                   if _digest_path(target).exists() else "has no recorded hash (an older hpcfl's, or damaged)")
+            warnings.warn(f"hpcfl: the compiled kernel {target} {why}; compiling it again", stacklevel=2)
         folder.mkdir(parents=True, exist_ok=True)
         _compile(cc, source, target)
         return ctypes.CDLL(str(target))

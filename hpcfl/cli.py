@@ -66,6 +66,9 @@ def _agree(comm, err: Exception | None) -> None:
     if bad:
         if comm.rank == 0:
             print(bad[0], file=sys.stderr, flush=True)
+        from .io import rundir
+
+        rundir.abandon()   # the run will not start: release --out (and remove it if planning created it)
         _exit_all(EXIT_INPUT)
 
 
@@ -101,7 +104,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     Only reads: every path and ownership problem is raised here, before the job's data
     is loaded and long before anything is moved or written (see :func:`_commit`).
     """
-    from . import config, notices
+    from . import config, notices, resume
     from .io import results, rundir
     from .io.checkpoint import CheckpointStore
 
@@ -109,7 +112,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
     rundir.check_writable(ckpt_dir, "checkpoint.dir", "set checkpoint.dir to a directory you can write, or leave "
                                                       "it unset for <out>/checkpoints")
-    if out.is_dir() and cfg.results.locking:   # before reading: a live run may be rewriting these files
+    if cfg.results.locking:   # before reading (creates --out): a run started at the same time may be planning too
         rundir.lock(out)
     store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.is_dir() else None
     path = out / "results.h5"
@@ -117,7 +120,7 @@ def _plan_run(cfg, out: Path, args) -> Plan:
         rundir.check_owner(ckpt_dir, None, path)
         old = [path] + ([p for _, p in store.list()] + [ckpt_dir / rundir.MARKER] if store else [])
         return Plan("fresh", rundir.new_run_id(), ckpt_dir, replace=old)
-    found = results.status(path)
+    found = rundir.existing_results(path)   # a link, a foreign or a damaged file: refused without --force
     if found is None:
         rundir.check_owner(ckpt_dir, None, path)
         if store and store.list():
@@ -143,6 +146,8 @@ def _plan_run(cfg, out: Path, args) -> Plan:
         return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting at round 1"])
     loaded = store.load_latest()
     notes = said + [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
+    if loaded is not None:
+        resume.check_job(loaded, cfg)   # a checkpoint of another job is never resumed from
     if loaded is None:
         return Plan("fresh", run_id, ckpt_dir, notes=notes + [f"no valid checkpoint in {ckpt_dir}; starting at "
                                                               f"round 1"])
@@ -179,7 +184,8 @@ def _commit(cfg, out: Path, plan: Plan):
 
 def cmd_run(args, comm) -> int:
     from . import config, notices, resume, signals, simulation
-    from .control import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, RunControl
+    from .control import (EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE, RunControl, final_write,
+                          write_failed)
     from .io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
     from .runtime import NondeterministicOp, versions
@@ -200,6 +206,14 @@ def cmd_run(args, comm) -> int:
     except HpcflError as exc:
         err = exc
     _agree(comm, err)
+    if any(comm.allgather(signals.stop_requested())):   # stopped during start-up: nothing is written
+        if comm.rank == 0:
+            print("hpcfl: stopped during start-up; nothing was written or changed. Run the same command again to "
+                  "start", file=sys.stderr, flush=True)
+        from .io import rundir
+
+        rundir.abandon()
+        _exit_all(EXIT_RESUMABLE)
     # The job is valid and its data found on every rank: only now may rank 0 change files.
     if comm.rank == 0 and plan.mode not in ("done", "diverged"):
         try:
@@ -227,9 +241,14 @@ def cmd_run(args, comm) -> int:
         counts = setup.class_counts
         attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "run_id": plan.run_id, "versions": versions(),
                  "world_size": comm.size, "devices": devices, "seed": cfg.run.seed}
-        writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
-                               metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
-        history = metric_rows(out / "results.h5") if mode == "resume" else []
+        try:
+            writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
+                                   metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
+            history = metric_rows(out / "results.h5") if mode == "resume" else []
+        except HpcflError as exc:   # a full disk, or a results file damaged since planning
+            err = exc
+    write_failed(comm, err)
+    if comm.rank == 0:
         auto = " (runtime.threads = 0: one for a model under 1M parameters)" if not cfg.runtime.threads \
             and setup.threads == 1 else ""
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
@@ -245,7 +264,11 @@ def cmd_run(args, comm) -> int:
             writer.append_round(metrics, clients)
         except HpcflError as exc:     # disk full: say so, end every rank; checkpoints stay valid
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-            comm.Abort(1)
+            writer.close_after_failure()
+            if comm.size == 1:   # no exit handlers: HDF5's may crash after a write that failed
+                sys.stdout.flush()
+                os._exit(EXIT_WRITE)
+            comm.Abort(EXIT_WRITE)   # the other ranks may be in a collective: only an abort reaches them
         history.append(metrics)
         progress.update(metrics)
 
@@ -268,7 +291,7 @@ def cmd_run(args, comm) -> int:
             if comm.rank == 0:
                 print(f"hpcfl: {failure}", file=sys.stderr, flush=True)
                 writer.close()
-            _exit_all(1)
+            _exit_all(EXIT_WRITE)
 
     control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s, cfg.checkpoint.every_minutes)
     try:
@@ -276,7 +299,7 @@ def cmd_run(args, comm) -> int:
                            checkpoint=checkpoint)
     except simulation.Diverged as exc:
         if comm.rank == 0:
-            writer.mark_diverged(exc.round)
+            final_write(writer.mark_diverged, exc.round)
             writer.close()
             progress.close()
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
@@ -306,8 +329,8 @@ def cmd_run(args, comm) -> int:
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
         _exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
     if comm.rank == 0:
-        writer.write_final(x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
-                           setup.dataset.num_classes)
+        final_write(writer.write_final, x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
+                    setup.dataset.num_classes)
         writer.close()
         progress.close()
     signals.ignore()   # finished: a stop signal from here on changes nothing

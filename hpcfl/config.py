@@ -98,6 +98,8 @@ def parse_override(text: str) -> tuple[list[str], object]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
+    except RecursionError:
+        raise ConfigError(f"--set {key}=...: the value nests arrays too deeply") from None
     return path, value
 
 
@@ -171,6 +173,12 @@ def read_job(path: str | Path) -> dict:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"job file {str(path)!r} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:   # TOML is UTF-8
+        raise ConfigError(f"job file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it "
+                          f"as UTF-8") from None
+    except RecursionError:
+        raise ConfigError(f"job file {str(path)!r} nests arrays or tables too deeply to read; a job nests a few "
+                          f"levels at most") from None
 
 
 def _split(table: dict, cls) -> tuple[dict, dict]:

@@ -250,9 +250,12 @@ def resolved_tables(cfg) -> list[tuple[str, object, str]]:
         elif name == "model":
             out.append((f"model.{cfg.model.name}", cfg.model_options, cat[f"model.{cfg.model.name}"].doc))
         elif name == "algorithm":
+            seen = set()
             for slot, opts in cfg.policy_options.items():
                 comp = getattr(cfg.algorithm, slot)
-                out.append((f"algorithm.{comp}", opts, cat[f"algorithm.{comp}"].doc))
+                if comp not in seen:   # one policy in two slots (FedDyn's dyn: local and server) has one table
+                    seen.add(comp)
+                    out.append((f"algorithm.{comp}", opts, cat[f"algorithm.{comp}"].doc))
     return out
 
 

@@ -15,6 +15,7 @@ each naming its full key (``data.dirichlet.alpha``) and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -82,6 +83,31 @@ def _coerce(value, tp):
     raise TypeError(f"unsupported option type {tp}")
 
 
+INT64_MAX = 2**63 - 1
+FLOAT_LIMIT = 1e30   # beyond this, products with other options overflow float32 arithmetic (torch's alpha)
+
+
+def _representable(name: str, v, meta: dict) -> str | None:
+    """Why ``v`` cannot be used at all (NaN, an infinity where none is meant, too large), or None.
+
+    Integers must fit 64 bits (results files and torch store them so); floats must be finite,
+    ``inf`` only where the field's metadata says ``"inf": True`` (e.g. a bandwidth), and at most
+    :data:`FLOAT_LIMIT` in magnitude.
+    """
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int) and not -INT64_MAX - 1 <= v <= INT64_MAX:
+        return f"{name} = {v} does not fit a 64-bit integer (at most {INT64_MAX})"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return f"{name} = nan is not a number; give a value"
+        if math.isinf(v):
+            return None if meta.get("inf") else f"{name} = {v} must be finite"
+        if abs(v) > FLOAT_LIMIT:
+            return f"{name} = {v!r} is too large: at most {FLOAT_LIMIT:g} in magnitude"
+    return None
+
+
 def check_value(name: str, value, meta: dict) -> list[str]:
     """Range and choice problems of one value, per the field's metadata."""
     problems = []
@@ -89,6 +115,10 @@ def check_value(name: str, value, meta: dict) -> list[str]:
         return problems
     values = value if isinstance(value, tuple) else (value,)
     for v in values:
+        bad = _representable(name, v, meta)
+        if bad:
+            problems.append(bad)
+            break
         if "choices" in meta and v not in meta["choices"]:
             choices = ", ".join(repr(c) for c in meta["choices"])
             problems.append(f"{name} = {v!r} is not valid; choose one of {choices}")

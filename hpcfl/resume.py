@@ -4,13 +4,18 @@
 algorithms: every policy declares its state (:mod:`hpcfl.algorithms.protocol`) as
 :class:`ClientTable` s, gathered from the owning ranks in client-id order and stored as
 ``clients.<name>`` (N, width), and :class:`ServerArray` s stored as ``server.<name>``.
-So a run resumes on any number of ranks and any placement.
+So a run resumes on any number of ranks and any placement. :func:`check_job` makes sure a
+checkpoint was written by the job that resumes from it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 
+from .errors import HpcflError
 from .state import ClientTable, ServerArray
 
 
@@ -61,3 +66,31 @@ def restore(s, arrays: dict | None) -> np.ndarray:
         elif isinstance(it, ClientTable) and it.name in rows:
             it.set(rows[it.name])
     return np.array(x, copy=True)
+
+
+def check_job(loaded, cfg) -> None:
+    """Raise unless checkpoint ``loaded`` (a :class:`hpcfl.io.checkpoint.Loaded`) was written by
+    the job ``cfg``, up to the keys that are safe to change on resume.
+
+    The checkpoint's job is its ``meta["config"]`` (the job's canonical JSON), which must hash
+    to its manifest's ``config_sha256``; the payload checksum does not cover either.
+    """
+    from . import config
+
+    text = loaded.meta.get("config")
+    fix = (f"it is not this run's: remove it from {loaded.path.parent}, choose another --out, or pass --force "
+           f"to set the old run aside and start over")
+    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != loaded.manifest.get("config_sha256"):
+        raise HpcflError(f"checkpoint {loaded.path} does not record the job it belongs to consistently (its config "
+                         f"and config_sha256 differ); {fix}")
+    if loaded.manifest.get("config_sha256") == cfg.digest():
+        return
+    try:
+        old = json.loads(text)
+    except (ValueError, RecursionError):
+        raise HpcflError(f"checkpoint {loaded.path} holds a job that is not valid JSON; {fix}") from None
+    changed, _ = config.resume_changes(old, cfg)
+    unsafe = [k for k in changed if not config.is_safe_change(k)]
+    if unsafe:
+        raise HpcflError(f"checkpoint {loaded.path} was written by a different job (it differs in "
+                         f"{', '.join(unsafe)}); {fix}")

@@ -91,6 +91,10 @@ def prepare(cfg, comm) -> Setup:
     if empty.size:
         raise ConfigError(f"{empty.size} clients got no training samples (first: client {empty[0]}); "
                           f"lower data.num_clients or use a partition with a minimum size")
+    if cfg.algorithm.batch_size > len(ds.y_train):   # batch buffers are B samples long
+        raise ConfigError(f"algorithm.batch_size = {cfg.algorithm.batch_size} exceeds the whole training set "
+                          f"({len(ds.y_train)} samples); a batch holds at most one client's samples, so for "
+                          f"full-batch steps set it to the largest client's size, {int(sizes.max())}")
     owner = owners(cfg.data.num_clients, comm.size, cfg.runtime.placement)
     mine = np.flatnonzero(owner == comm.rank)
     slot = np.full(cfg.data.num_clients, -1, dtype=np.int64)

@@ -26,21 +26,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import json
-import math
-import os
 import re
 import shlex
 import sys
-import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, HpcflError
+from .io import safefs
+# TOML writing lives in hpcfl/tomltext.py; re-exported here, where callers have always found it.
+from .tomltext import _canonical, toml_document, toml_value  # noqa: F401
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
 POINT_JOB = "job.toml"
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _NAME_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_NAME = 128   # config.RUN_NAME's limit
 
@@ -69,67 +68,6 @@ class Sweep:
     out: Path
     grid: dict      # dotted key -> list of values, in file order
     points: tuple   # of Point, in grid order
-
-
-# ---- TOML text -------------------------------------------------------------------------------
-
-def toml_value(value) -> str:
-    """``value`` as TOML (inline: arrays and inline tables); raises HpcflError for other types."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)   # JSON's escapes are valid in TOML basic strings
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
-    raise HpcflError(f"cannot write {value!r} ({type(value).__name__}) as a job value; use a string, number, "
-                     f"boolean, array or table")
-
-
-def _key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
-
-
-def toml_document(table: dict, header: str = "") -> str:
-    """A job dict as a TOML file; checked to read back as the same dict.
-
-    Parameters
-    ----------
-    table : nested dict of sections (plain keys first, then ``[section.sub]`` tables)
-    header : comment lines put on top (each without the leading '#')
-    """
-    lines = [f"# {line}".rstrip() for line in header.splitlines()]
-
-    def emit(node: dict, prefix: str) -> None:
-        plain = [(k, v) for k, v in node.items() if not isinstance(v, dict)]
-        subs = [(k, v) for k, v in node.items() if isinstance(v, dict)]
-        if prefix and (plain or not subs):   # a table holding only sub-tables needs no header
-            lines.extend(["", f"[{prefix}]"])
-        lines.extend(f"{_key(k)} = {toml_value(v)}" for k, v in plain)
-        for k, v in subs:
-            emit(v, f"{prefix}.{_key(k)}" if prefix else _key(k))
-
-    emit(table, "")
-    text = "\n".join(lines) + "\n"
-    try:
-        same = _canonical(tomllib.loads(text)) == _canonical(table)
-    except tomllib.TOMLDecodeError:
-        same = False
-    if not same:   # e.g. a string with a DEL character: refuse rather than run another job
-        raise HpcflError("the job cannot be written back as TOML unchanged; remove unusual characters from its "
-                         "strings")
-    return text
-
-
-def _canonical(obj) -> str:
-    return json.dumps(obj, sort_keys=True)   # NaN compares equal to NaN here; 1 and 1.0 stay apart
 
 
 # ---- the grid --------------------------------------------------------------------------------
@@ -181,17 +119,34 @@ def _safe(value) -> str:
 
 
 def point_names(grid: dict, combos: list[tuple]) -> list[str]:
-    """Names of the points ``combos`` (value tuples in ``grid``'s key order).
+    """Names of the points ``combos`` (value tuples in ``grid``'s key order), unique as folder names.
 
     Unique by construction except when two values look alike once made safe ("a/b", "a:b"):
-    those points get their index appended. Names too long for run.name are shortened and
-    made unique with a hash of the full name.
+    those points get their index appended. Where that still collides (a third value "a-b_1"),
+    or names differ only in letter case (one folder on a case-insensitive filesystem), each
+    colliding point gets a hash of its exact values instead. Names too long for run.name are
+    shortened and made unique with a hash of the full name. Raises ConfigError if two points
+    would still share a folder, so that nothing runs and no point's job overwrites another's.
     """
     labels = _labels(list(grid))
-    names = ["_".join(f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo)) for combo in combos]
-    names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
-    return [n if len(n) <= _MAX_NAME else f"{n[:_MAX_NAME - 9]}-{hashlib.sha1(n.encode()).hexdigest()[:8]}"
-            for n in names]
+    base = ["_".join(f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo)) for combo in combos]
+    folded = Counter(n.casefold() for n in base)
+    names = [n if folded[n.casefold()] == 1 else f"{n}_{i}" for i, n in enumerate(base)]
+    folded = Counter(n.casefold() for n in names)
+    for i, combo in enumerate(combos):
+        if folded[names[i].casefold()] > 1:
+            names[i] = f"{base[i]}-{_digest(_canonical(list(combo)))}"
+    names = [n if len(n) <= _MAX_NAME else f"{n[:_MAX_NAME - 9]}-{_digest(n)}" for n in names]
+    folded = Counter(n.casefold() for n in names)
+    clash = [n for n in names if folded[n.casefold()] > 1]
+    if clash:
+        raise ConfigError(f"[sweep] points {clash[0]!r} and another would share one folder; make their values "
+                          f"differ in letters or digits")
+    return names
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 # ---- expanding a job -------------------------------------------------------------------------
@@ -303,9 +258,7 @@ def write_point_job(sweep: Sweep, point: Point) -> Path:
     path = folder / POINT_JOB
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{POINT_JOB}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        safefs.write_new(path, text.encode())   # a fresh temporary name, never a planted link
     except OSError as exc:
         raise HpcflError(f"cannot write {path} ({exc.strerror or exc}); choose a directory you can write with "
                          f"--out") from None
@@ -322,12 +275,12 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
     inside ``cmd_run``, on every rank.
     """
     from . import cli, signals
-    from .io import results, rundir
+    from .io import rundir
 
     folder = sweep.out / point.name
     err = None
     if comm.rank == 0:
-        if (results.status(folder / "results.h5") or ("",))[0] != "finished":   # else cmd_run's one line
+        if _state(folder / "results.h5") != "finished":   # else cmd_run's one line
             print(f"hpcfl sweep: point {point.index} (of 0-{len(sweep.points) - 1}): {point.name}", flush=True)
         try:
             write_point_job(sweep, point)
@@ -340,6 +293,16 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
     code = cli.cmd_run(args, comm)
     rundir.unlock()   # an already finished point returns before cmd_run releases the lock its planning took
     return code
+
+
+def _state(path: Path) -> str:
+    """The status of a point's results file; "" when there is none or it cannot be read (cmd_run says why)."""
+    from .io import results
+
+    try:
+        return (results.status(path) or ("",))[0]
+    except HpcflError:
+        return ""
 
 
 def _report(sweep: Sweep) -> str:

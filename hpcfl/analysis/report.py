@@ -168,8 +168,8 @@ def build(paths: list, by=None, target: float | None = None, last_k: int = 5, ba
     if baseline is not None and target is None:
         raise HpcflError("--baseline needs --target: the speedup compares rounds to reach the target")
     files = R.find_runs(list(paths))
-    results = R.load_runs(files)
-    path_of = {id(r): f for r, f in zip(results, files)}
+    results = R.load_runs(files)   # damaged runs are skipped with a warning naming them
+    path_of = {id(r): r.source for r in results}
     keys = R.group_keys(results, by)
     groups = []
     for label, members in R.group_runs(results, by).items():

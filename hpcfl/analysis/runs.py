@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,22 +87,38 @@ def find_runs(paths: list[str]) -> list[Path]:
     return sorted(found)
 
 
-def load_runs(files: list[Path]) -> list:
-    """Load each results file; an unreadable one gets an error naming it.
+def load_runs(files: list[Path], warn=None) -> list:
+    """Load each results file; a damaged one is skipped with a warning naming it.
+
+    Parameters
+    ----------
+    files : list of Path
+    warn : callable(str), optional
+        Receives one line per skipped file; default: printed to stderr.
 
     Returns
     -------
-    list of hpcfl.results.Results, in the order of ``files``
+    list of hpcfl.results.Results, in the order of ``files``, damaged ones left out (each
+    result's ``source`` is its file)
+
+    Raises
+    ------
+    HpcflError
+        When no file can be read.
     """
     from ..io.results import load
 
-    out = []
+    warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+    out, bad = [], []
     for f in files:
         try:
             out.append(load(f))
-        except (OSError, KeyError, ValueError) as exc:
-            raise HpcflError(f"{f}: cannot be read as a results file ({exc}); pass only hpcfl results.h5 files, "
-                             f"or remove this one if its run was killed before writing anything") from None
+        except HpcflError as exc:   # damaged, truncated or not a results file: the message names it
+            bad.append(str(exc))
+            warn(f"hpcfl: skipped {f}: {exc}")
+    if not out:
+        raise HpcflError(f"no run could be read: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                         + "; pass hpcfl results.h5 files, or remove a run killed before it wrote anything")
     return out
 
 

@@ -13,6 +13,15 @@ folder. An entry is written to a temporary folder and renamed into place, so ran
 that generate the same dataset at once leave one whole entry, never a torn one. An entry
 that cannot be read is regenerated and replaced; a folder that cannot be written only
 costs the speed-up (a message says so).
+
+Content check: ``meta.json`` records each file's SHA-256, size and stamp (inode,
+modification and change time) as written. On load a file whose stamp is unchanged is
+trusted at no cost (any write to it moves its change time, which no tool can set back); any
+other file is hashed (about 1.3 s per 700 MB), and a mismatch, a missing file or an entry
+without hashes (an older hpcfl's) makes the entry be generated again and replaced, with a
+message naming it: an edited cache never changes results silently. A file that hashes right
+after it was copied or restored gets its new stamp recorded in ``verified.json``. The labels
+are also checked against the class count and the arrays against each other.
 """
 
 from __future__ import annotations
@@ -64,10 +73,15 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
     if path.exists():
         try:
             return _read(path)
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, TypeError) as err:
             damaged = True
-            print(f"hpcfl: dataset cache entry {path} is unreadable ({err}); generating the data again", flush=True)
+            print(f"hpcfl: dataset cache entry {path} is unreadable or does not match what was cached ({err}); "
+                  f"generating the data again", flush=True)
     ds = make()
+    from ..signals import stop_requested
+
+    if stop_requested():   # stopping: the cache write (hundreds of MB) can wait for the next run
+        return ds
     try:
         if _write(path, ds, replace=damaged):
             mb = sum(f.stat().st_size for f in path.iterdir()) / 2**20
@@ -98,8 +112,10 @@ def _write(path: Path, ds: Dataset, replace: bool = False) -> bool:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     tmp.mkdir()
     try:
+        meta["files"] = {}
         for name, arr in arrays.items():
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr))
+            meta["files"][f"{name}.npy"] = {"sha256": _sha256(tmp / f"{name}.npy"), **_stamp(tmp / f"{name}.npy")}
         (tmp / "meta.json").write_text(json.dumps(meta))   # written last: its presence marks a whole entry
         if replace and path.exists():   # a damaged entry (files stay valid for a process that mapped them)
             shutil.rmtree(path)
@@ -115,14 +131,65 @@ def _write(path: Path, ds: Dataset, replace: bool = False) -> bool:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stamp(path: Path) -> dict:
+    """What changes whenever a file's bytes do: size, inode, modification and change time."""
+    st = os.stat(path)
+    return {"size": st.st_size, "stamp": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]}
+
+
+def _check_files(path: Path, meta: dict) -> None:
+    """Raise ValueError unless every file of the entry is as it was written (see the module docstring)."""
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ValueError("the entry records no content hashes (written by an older hpcfl)")
+    try:
+        seen = json.loads((path / "verified.json").read_text())
+    except (OSError, ValueError):
+        seen = {}
+    fresh = {}
+    for name, rec in files.items():
+        now = _stamp(path / name)
+        if now == {"size": rec["size"], "stamp": rec["stamp"]} or now == seen.get(name):
+            continue
+        if now["size"] != rec["size"] or _sha256(path / name) != rec["sha256"]:
+            raise ValueError(f"{name} changed since it was cached")
+        fresh[name] = now
+    if fresh:   # copied or restored, bytes intact: next time the stamp suffices (best effort)
+        try:
+            tmp = path / f".verified.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            tmp.write_text(json.dumps({**seen, **fresh}))
+            os.replace(tmp, path / "verified.json")
+        except OSError:
+            pass
+
+
 def _read(path: Path) -> Dataset:
     """Arrays mapped copy-on-write: pages are read when first touched, shared between the ranks
-    of a node until one writes, and never written back."""
+    of a node until one writes, and never written back. Raises ValueError for an entry that
+    is not as it was written (hashes), or whose arrays do not fit together."""
     meta = json.loads((path / "meta.json").read_text())
+    _check_files(path, meta)
     arr = {name: np.load(path / f"{name}.npy", mmap_mode="c", allow_pickle=False) for name in ARRAYS}
+    num_classes = int(meta["num_classes"])
+    for split in ("train", "test"):
+        x, y = arr[f"x_{split}"], arr[f"y_{split}"]
+        if len(x) != len(y) or y.ndim != 1 or (y.size and not (0 <= y.min() and y.max() < num_classes)):
+            raise ValueError(f"x_{split} and y_{split} do not fit together or the labels leave [0, {num_classes})")
     natural = None
     if meta["natural"]:
-        idx, off = np.load(path / "natural_index.npy"), np.load(path / "natural_offset.npy")
+        idx = np.load(path / "natural_index.npy", allow_pickle=False)
+        off = np.load(path / "natural_offset.npy", allow_pickle=False)
+        if off.ndim != 1 or off[0] != 0 or off[-1] != len(idx) or np.any(np.diff(off) < 0) or \
+                (idx.size and not (0 <= idx.min() and idx.max() < len(arr["x_train"]))):
+            raise ValueError("the natural clients' index does not fit the training set")
         natural = tuple(idx[off[i] : off[i + 1]] for i in range(len(off) - 1))
-    return Dataset(name=meta["name"], num_classes=int(meta["num_classes"]), input_shape=tuple(meta["input_shape"]),
+    return Dataset(name=meta["name"], num_classes=num_classes, input_shape=tuple(meta["input_shape"]),
                    augment=bool(meta["augment"]), natural_clients=natural, **arr)

@@ -44,7 +44,6 @@ here: one rank writes, and readers open only files renamed into place complete.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import hashlib
@@ -59,6 +58,7 @@ import h5py
 import numpy as np
 
 from hpcfl.errors import HpcflError
+from hpcfl.io import h5check, safefs
 
 FORMAT_VERSION = 1
 _CALLER_KEYS = ("world_size", "config_sha256", "versions")
@@ -270,6 +270,10 @@ class CheckpointStore:
         }
         final = self.path_for(round)
         tmp = self.directory / f".ckpt-{round:08d}.h5.tmp-{os.getpid()}"
+        nbytes = sum(a.nbytes for a in arrays.values())
+        free = safefs.free_bytes(self.directory)
+        if free is not None and free < nbytes + (64 << 10):   # HDF5 meeting a full disk can crash at exit: check first
+            raise HpcflError(self._write_error(round, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), nbytes))
         try:
             self._write(tmp, arrays, attrs)
             os.replace(tmp, final)
@@ -278,8 +282,8 @@ class CheckpointStore:
             # Whatever went wrong, a half-written file must not stay behind and eat the
             # space that the next attempt needs.
             tmp.unlink(missing_ok=True)
-            if isinstance(e, OSError):
-                raise HpcflError(self._write_error(round, e, sum(a.nbytes for a in arrays.values()))) from e
+            if isinstance(e, (OSError, RuntimeError)):   # HDF5 reports some failed writes as RuntimeError
+                raise HpcflError(self._write_error(round, e, nbytes)) from e
             raise
         try:
             loaded = self._read(final, keep_arrays=False)
@@ -295,8 +299,11 @@ class CheckpointStore:
         self._rotate(final)
         return final
 
+    @h5check.quiet
     def _write(self, tmp: Path, arrays: dict, attrs: dict) -> None:
-        f = _open_h5(tmp, "w")
+        # Created exclusively: a link planted under the temporary name is removed, never followed.
+        safefs.remove_stale(tmp)
+        f = _open_h5(tmp, "w-")
         try:
             f.attrs.update(attrs)
             g = f.create_group("arrays")
@@ -307,12 +314,9 @@ class CheckpointStore:
             os.fsync(fd)
         except BaseException:
             # After a failed write HDF5 cannot close cleanly either (it tries to extend
-            # the file again) and raises RuntimeError; the write error is the one to
-            # report. A second try makes sure the descriptor is released.
-            for _ in range(2):
-                with contextlib.suppress(Exception):
-                    f.close()
-                    break
+            # the file again, and its exit handler would crash the process trying once
+            # more); the write error is the one to report, the file is deleted anyway.
+            h5check.close_failed(f)
             raise
         try:
             f.close()
@@ -322,8 +326,8 @@ class CheckpointStore:
         # one more fsync puts that on disk too, and costs nothing when nothing is dirty.
         _fsync_path(tmp)
 
-    def _write_error(self, round: int, e: OSError, nbytes: int) -> str:
-        if e.errno:
+    def _write_error(self, round: int, e: Exception, nbytes: int) -> str:
+        if getattr(e, "errno", None):
             what = f"{os.strerror(e.errno)} ({errno.errorcode.get(e.errno, 'errno ' + str(e.errno))})"
         else:  # HDF5 errors may come without errno; the C errno text is in the message
             what = str(e) or type(e).__name__
@@ -418,6 +422,12 @@ class CheckpointStore:
             # and variable-length types, which no checkpoint contains.
             if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in _ALLOWED_KINDS:
                 raise _Invalid(f"/arrays/{name} is not a numeric dataset")
+            if not isinstance(g.get(name, getlink=True), h5py.HardLink):
+                raise _Invalid(f"/arrays/{name} is a link to another object or file")
+            try:   # no external or virtual storage, nothing larger than the file holds
+                h5check.dataset(ds, path, _ALLOWED_KINDS, ndim=None)
+            except h5check.BadFile as e:
+                raise _Invalid(str(e).replace(f"{path}: ", "")) from None
             arr = np.asarray(ds[()])  # a 0-d dataset reads as a numpy scalar
             _hash_update(h, name, arr)
             if keep_arrays:

@@ -14,20 +14,24 @@ Three rules keep results and checkpoints from being lost (docs/reliability.md):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from ..errors import HpcflError
+from . import safefs
 
 MARKER = ".hpcfl-run"
 LOCK = ".hpcfl-lock"
 ASIDE_PREFIX = "replaced-"
 _held: list = []   # open lock files: held until unlock() or the process ends (released on any exit)
+_created: list = []   # folders lock() created for --out, deepest first (abandon() removes them if still empty)
 
 
 def new_run_id() -> str:
@@ -68,6 +72,9 @@ def check_writable(path: Path, what: str, fix: str) -> None:
         os.unlink(probe)
     except OSError as exc:
         reason = exc.strerror or str(exc)
+        if safefs.is_full(exc):
+            raise HpcflError(f"{what} {path} cannot be written: the filesystem of {base} is full ({reason}); free "
+                             f"space (or quota) there, or choose another directory") from None
         raise HpcflError(f"{what} {path} cannot be written ({base}: {reason}); {fix}") from None
 
 
@@ -75,30 +82,110 @@ def lock(out: Path) -> None:
     """Hold an exclusive lock on ``out`` until :func:`unlock` or the end of this process, or raise.
 
     Two runs writing one ``--out`` at once would rebuild and replace each other's
-    ``results.h5``. ``flock`` is released by the kernel when the process ends in any way
-    (SIGKILL included), so a killed run never leaves a stale lock. On a filesystem without
-    locking (``results.locking = false``) the caller skips this.
+    ``results.h5``. The lock is taken before the run reads anything in ``out``, creating
+    ``out`` if needed (:func:`abandon` removes it again if the run then does not start), so
+    two runs started at once into one new ``--out`` cannot both decide to start fresh.
+    ``flock`` is released by the kernel when the process ends in any way (SIGKILL included),
+    so a killed run never leaves a stale lock. On a filesystem without locking
+    (``results.locking = false``) the caller skips this.
+
+    The lock file is opened without following links and must be a regular file with one
+    name: a link planted there could otherwise make the run truncate another file.
     """
+    for _ in range(3):   # a run that abandons --out may remove the file between our open and our flock
+        f = _open_lock(out)
+        if f is not None:
+            return
+    raise HpcflError(f"could not lock {out}: its lock file kept being removed; try again")
+
+
+def _open_lock(out: Path):
+    """One try of :func:`lock`: the held file, or None when the lock file was removed meanwhile."""
     import fcntl
 
-    f = open(out / LOCK, "a+")
+    created = _make_dirs(out)
+    path = out / LOCK
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        _undo(created)
+        if exc.errno == errno.ELOOP:
+            raise HpcflError(f"{path} is a symbolic link; hpcfl does not follow links in a run directory. Remove "
+                             f"it (or choose another --out)") from None
+        raise HpcflError(f"cannot create the lock file {path} ({exc.strerror or exc}); choose a directory you "
+                         f"can write with --out") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        _undo(created)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "a hard link to another file"
+        raise HpcflError(f"{path} is {what}; hpcfl writes its lock there. Remove it (or choose another --out)")
+    f = os.fdopen(fd, "r+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
-        holder = f.read().strip() or "another process"
+        holder = f.read(200).strip() or "another process"
         f.close()
         raise HpcflError(f"{out} is in use by another hpcfl run ({holder}); wait for it to end, or choose "
                          f"another --out") from None
     except OSError as exc:   # e.g. ENOLCK: no locking on this filesystem
         f.close()
-        raise HpcflError(f"cannot lock {out / LOCK} ({exc.strerror or exc}); on a filesystem without file "
+        _undo(created)
+        raise HpcflError(f"cannot lock {path} ({exc.strerror or exc}); on a filesystem without file "
                          f"locking set results.locking = false") from None
+    try:
+        same = os.lstat(path).st_ino == st.st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:   # removed (or replaced) between open and flock: this lock guards nothing
+        f.close()
+        return None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
     f.flush()
     _held.append(f)
+    _created.extend(created)
+    return f
+
+
+def _make_dirs(out: Path) -> list[Path]:
+    """Create ``out`` and its missing parents; the folders created, deepest first."""
+    made, p = [], out
+    while not p.exists() and not p.is_symlink() and p.parent != p:
+        made.append(p)
+        p = p.parent
+    for d in list(reversed(made)):
+        try:
+            d.mkdir()
+        except FileExistsError:   # another run made it meanwhile: not ours to remove
+            made.remove(d)
+        except OSError as exc:
+            _undo([m for m in made if m.exists()])
+            raise HpcflError(f"cannot create {out} ({exc.strerror or exc}); choose a directory you can write "
+                             f"with --out") from None
+    return made
+
+
+def _undo(created: list[Path]) -> None:
+    """Remove folders this process created, deepest first, as long as they are empty."""
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+def abandon() -> None:
+    """The run will not start (bad input found after the lock was taken): release the lock, and
+    remove ``--out`` again if this process created it and wrote nothing else there."""
+    created = list(_created)   # created[0] is --out itself
+    unlock()
+    if created:
+        (created[0] / LOCK).unlink(missing_ok=True)
+        _undo(created)
 
 
 def unlock() -> None:
@@ -106,6 +193,7 @@ def unlock() -> None:
     in the same process, e.g. the next point of ``hpcfl sweep``, locks its own ``--out``)."""
     import fcntl
 
+    _created.clear()
     while _held:
         f = _held.pop()
         try:
@@ -119,13 +207,33 @@ def holding() -> bool:
     return bool(_held)
 
 
+def existing_results(path: Path) -> tuple[str, dict, str | None] | None:
+    """(status, stored job, run id) of the results file a run is about to continue, or None.
+
+    Raises an input error for anything hpcfl must not overwrite without ``--force``: a link
+    or other non-file, a file that is not an hpcfl results file (no job in it), or a damaged
+    one (truncated, unreadable: the message says which). Results files are renamed into
+    place whole, so a damaged one is never a run's own half-written file.
+    """
+    from . import reader
+    from .h5check import BadFile
+
+    fix = ("hpcfl does not overwrite it: move it away, choose another --out, or pass --force to set it (and the "
+           "run's checkpoints) aside in replaced-<time>/ and start over")
+    if path.is_symlink():
+        raise HpcflError(f"{path} is a symbolic link (to {os.readlink(path)}); {fix}")
+    try:
+        return reader.status(path)
+    except BadFile as exc:
+        raise HpcflError(f"{exc}; {fix}") from None
+
+
 def read_marker(directory: Path) -> dict | None:
     """The ownership record of a checkpoint directory, or None when it has none."""
     try:
-        return json.loads((directory / MARKER).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
+        text = safefs.read_small(directory / MARKER)
+        return None if text is None else json.loads(text)
+    except (OSError, ValueError, HpcflError) as exc:
         raise HpcflError(f"{directory / MARKER} cannot be read ({exc}); it records which run owns "
                          f"{directory}: delete it only if no other run uses that directory") from None
 
@@ -152,10 +260,9 @@ def check_owner(directory: Path, run_id: str | None, results: Path) -> None:
 def claim(directory: Path, run_id: str, results: Path) -> None:
     """Write the marker that makes ``directory`` this run's (creating the directory)."""
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{MARKER}.tmp"
-    tmp.write_text(json.dumps({"run_id": run_id, "results": str(results.resolve()),
-                               "claimed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
-    os.replace(tmp, directory / MARKER)
+    text = json.dumps({"run_id": run_id, "results": str(results.resolve()),
+                       "claimed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    safefs.write_new(directory / MARKER, text.encode())   # through a fresh, exclusively created name
 
 
 def set_aside(out: Path, files: list[Path]) -> Path | None:

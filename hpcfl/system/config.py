@@ -72,7 +72,7 @@ class SystemOptions:
         "choices": STATIC_DISTS, "help": "per-client uplink bandwidth: constant (uplink_mbps), uniform, lognormal, "
                                          "trace"})
     uplink_mbps: float = field(default=5.0, metadata={
-        "gt": 0, "help": "mean uplink bandwidth, Mbit/s; inf: uploads take no time"})
+        "gt": 0, "inf": True, "help": "mean uplink bandwidth, Mbit/s; inf: uploads take no time"})
     uplink_low_mbps: Optional[float] = _pos("lower bound of uplink_dist = 'uniform', Mbit/s; unset: none")
     uplink_high_mbps: Optional[float] = _pos("upper bound of uplink_dist = 'uniform', Mbit/s; unset: none")
     uplink_sigma: Optional[float] = field(default=None, metadata={
@@ -81,7 +81,7 @@ class SystemOptions:
         "choices": STATIC_DISTS, "help": "per-client downlink bandwidth: constant (downlink_mbps), uniform, "
                                          "lognormal, trace"})
     downlink_mbps: float = field(default=math.inf, metadata={
-        "gt": 0, "help": "mean downlink bandwidth, Mbit/s; inf: downloads take no time"})
+        "gt": 0, "inf": True, "help": "mean downlink bandwidth, Mbit/s; inf: downloads take no time"})
     downlink_low_mbps: Optional[float] = _pos("lower bound of downlink_dist = 'uniform', Mbit/s; unset: none")
     downlink_high_mbps: Optional[float] = _pos("upper bound of downlink_dist = 'uniform', Mbit/s; unset: none")
     downlink_sigma: Optional[float] = field(default=None, metadata={

@@ -13,6 +13,7 @@ import pytest
 
 from clirun import ROOT, assert_same_run, hpcfl, kill_group, start
 from hpcfl import sweep
+from hpcfl.config import RUN_NAME
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.results import load
 
@@ -84,6 +85,22 @@ def test_names_values_and_collisions(tmp_path):
     # a string that reads as TOML when plain is written quoted, so --set gives it back as a string
     assert sweep.set_text("data.root", "true") == 'data.root="true"'
     assert sweep.set_text("data.root", "/x y") == "data.root=/x y"
+
+
+def test_values_alike_once_made_file_safe_get_their_own_folders(tmp_path):
+    """"a/b" and "a:b" both read "a-b"; the index appended to tell them apart made the first "a-b_1",
+    which a third value "a-b_1" already was: two points shared a folder, one's job.toml was overwritten
+    and the sweep exited 2 forever. Names differing only in case would share a folder on macOS."""
+    job = sweep_job(tmp_path, '"data.root" = ["a/b", "a:b", "a-b_1", "A-B_1"]', name="alike")
+    names = [p.name for p in sweep.expand(job).points]
+    assert len({n.casefold() for n in names}) == 4, names
+    assert names[0] == "root-a-b_0"                                      # unchanged where it was unique
+    assert all(RUN_NAME.fullmatch(n) for n in names)
+    s = sweep.expand(job, out=tmp_path / "o")
+    for p in s.points:
+        sweep.write_point_job(s, p)
+    jobs = {p.name: tomllib.loads((tmp_path / "o" / p.name / "job.toml").read_text()) for p in s.points}
+    assert [jobs[p.name]["data"]["root"] for p in s.points] == ["a/b", "a:b", "a-b_1", "A-B_1"]
 
 
 def test_point_job_file_reads_back_as_the_point(tmp_path):

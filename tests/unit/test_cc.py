@@ -44,7 +44,8 @@ def test_compiles_once_into_the_cache_and_loads_from_it(cache, tmp_path, monkeyp
     runs = compiles(monkeypatch)
     assert cc.load(source(tmp_path, 41)).answer() == 41
     files = sorted(p.name for p in cache.iterdir())
-    assert len(files) == 1 and files[0].startswith("answer-") and files[0].endswith(".so")
+    assert len(files) == 2 and files[0].startswith("answer-") and files[0].endswith(".so")
+    assert files[1] == files[0] + ".sha256"                      # the library's hash beside it
     assert cc.load(source(tmp_path, 41)).answer() == 41          # loaded, not compiled again
     assert len(runs) == 1
 
@@ -53,7 +54,7 @@ def test_compiles_once_into_the_cache_and_loads_from_it(cache, tmp_path, monkeyp
 def test_a_changed_source_or_compiler_never_loads_the_stale_file(cache, tmp_path, monkeypatch):
     assert cc.load(source(tmp_path, 1)).answer() == 1
     assert cc.load(source(tmp_path, 2)).answer() == 2             # same name, new source: a new file
-    assert len(list(cache.iterdir())) == 2
+    assert len(list(cache.glob("*.so"))) == 2
     text = source(tmp_path, 2).read_bytes()
     assert cc.key(text, cc.compiler()) != cc.key(text, [cc.compiler()[0], "-DOTHER"])
 
@@ -64,7 +65,8 @@ def test_a_damaged_file_is_compiled_again(cache, tmp_path):
     target = cache / f"answer-{cc.key(src.read_bytes(), cc.compiler())}.so"
     cache.mkdir(parents=True)
     target.write_bytes(b"not a shared library")    # as a full disk might have left it
-    assert cc.load(src).answer() == 7
+    with pytest.warns(UserWarning, match="has no recorded hash"):
+        assert cc.load(src).answer() == 7
     assert target.read_bytes()[:4] == b"\x7fELF"
 
 
@@ -103,6 +105,39 @@ def test_the_compiler_can_be_named(cache, tmp_path, monkeypatch):
     assert cc.load(src).answer() == 41
 
 
+LOAD_CHILD = "from pathlib import Path; from hpcfl import cc; print(cc.load(Path({src!r})).answer())"
+
+
+@needs_cc
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "planted"])
+def test_a_damaged_or_planted_library_is_never_mapped(cache, tmp_path, damage):
+    """A truncated library loaded and died with SIGBUS in every later run (and in hpcfl info), flipped
+    bytes gave SIGILL, a planted one ran its constructor. Loaded in a child process, so that a
+    regression fails the test instead of killing the test process."""
+    src = source(tmp_path, 5)
+    assert cc.load(src).answer() == 5
+    target = next(cache.glob("*.so"))
+    data = bytearray(target.read_bytes())
+    marker = tmp_path / "constructor-ran"
+    if damage == "truncated":          # as a disk that filled up during a compile leaves it
+        target.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "flipped":
+        for i in range(len(data) // 3, len(data) // 3 + 256):
+            data[i] ^= 0xFF
+        target.write_bytes(bytes(data))
+    else:                              # someone else's library under the cached name
+        evil = tmp_path / "evil.c"
+        evil.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void run(void) {{ '
+                        f'FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\nint answer(void) {{ return 666; }}\n')
+        subprocess.run([*cc.compiler(), *cc.FLAGS, str(evil), "-o", str(target)], check=True)
+    p = subprocess.run([sys.executable, "-c", LOAD_CHILD.format(src=str(src))], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "5", (p.returncode, p.stderr)
+    assert "does not match its recorded hash" in p.stderr and "compiling it again" in p.stderr
+    assert not marker.exists()
+    assert cc.verified(target) is True                               # compiled again, whole
+
+
 @needs_cc
 def test_a_failed_compile_warns_and_gives_none(cache, tmp_path):
     bad = tmp_path / "bad.c"
@@ -118,7 +153,9 @@ def test_processes_compiling_at_once_leave_one_whole_file(cache, tmp_path):
     code = f"from pathlib import Path; from hpcfl import cc; print(cc.load(Path({str(src)!r})).answer())"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
     assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["9"] * 4
-    assert [p.name.startswith("answer-") for p in cache.iterdir()] == [True]   # no temporaries either
+    names = sorted(p.name for p in cache.iterdir())
+    assert len(names) == 2 and names[1] == names[0] + ".sha256"     # no temporaries either
+    assert cc.verified(cache / names[0]) is True                     # and the hash is the file's
 
 
 def test_pooling_kernels_that_give_other_bits_are_not_used(monkeypatch):

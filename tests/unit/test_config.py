@@ -259,3 +259,29 @@ def test_describe_changes_gives_the_stored_and_the_new_value():
     new = config.from_dict(with_(["runtime", "threads"], 1, with_(["run", "rounds"], 12)))
     assert notices.describe_changes(old, new, ["run.rounds", "runtime.threads"]) == \
         "run.rounds 3 -> 12, runtime.threads 0 -> 1"
+@pytest.mark.parametrize("path,value,words", [
+    (["algorithm", "lr"], 1e308, "algorithm.lr = 1e+308 is too large: at most 1e+30"),
+    (["algorithm", "lr"], float("inf"), "algorithm.lr = inf must be finite"),
+    (["algorithm", "lr"], float("nan"), "algorithm.lr = nan is not a number"),
+    (["run", "seed"], 2**64, "run.seed = 18446744073709551616 does not fit a 64-bit integer"),
+    (["algorithm", "batch_size"], 2**63, "algorithm.batch_size = 9223372036854775808 does not fit"),
+    (["system", "compute_s"], float("inf"), "system.compute_s = inf must be finite"),
+])
+def test_values_no_run_can_use_are_refused(path, value, words):
+    """These failed with tracebacks (exit 1), seed = 2**64 after creating results.h5."""
+    msgs = problems(with_(path, value))
+    assert any(words in m for m in msgs), msgs
+    assert config.from_dict(with_(["system", "uplink_mbps"], float("inf"))).system.uplink_mbps == float("inf")
+
+
+def test_job_files_that_are_not_utf8_or_nest_too_deeply(tmp_path):
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'[run]\nname = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=r"latin.toml' is not UTF-8 text \(byte 17"):
+        config.load(latin)
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[run]\nx = " + "[" * 100000 + "]" * 100000 + "\n")
+    with pytest.raises(ConfigError, match="nests arrays or tables too deeply"):
+        config.load(deep)
+    with pytest.raises(ConfigError, match="nests arrays too deeply"):
+        config.apply_overrides(BASE, ["model.mlp.hidden=" + "[" * 100000 + "]" * 100000])

@@ -184,3 +184,12 @@ def test_type_and_constraint_text():
     assert config_cmd.type_text(bool) == "true/false"
     assert config_cmd.constraint_text({"gt": 0, "le": 1, "choices": ("a",)}) == "> 0, <= 1"
     assert config_cmd.constraint_text({}) == ""
+
+
+def test_a_policy_in_two_slots_gets_one_table(capsys):
+    """FedDyn's dyn is both the local and the server policy: [algorithm.dyn] was written twice (exit 2)."""
+    rc, out, err = run_config(capsys, str(ROOT / "jobs" / "quickstart.toml"), "--set", "algorithm.name=feddyn")
+    assert rc == 0, err
+    assert out.count("\n[algorithm.dyn]") == 1
+    back = tomllib.loads(out)
+    assert back["algorithm"]["local"] == back["algorithm"]["server"] == "dyn" and "dyn" in back["algorithm"]

@@ -1,5 +1,7 @@
 """The disk cache of generated datasets (hpcfl.data.cache, data.cache)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,74 @@ def test_a_second_writer_keeps_the_first_entry(tmp_path):
     assert cache._write(path, ds) is False
     assert [p.name for p in path.parent.iterdir()] == [path.name]
     same(cache._read(path), ds)
+
+
+def test_an_edited_value_is_detected_and_the_entry_generated_again(tmp_path, capsys):
+    """An edited cached .npy was used silently: results differed from an uncached run's."""
+    fresh = data.load_dataset("synthetic_images", SMALL, None, 0, "off")
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    path = cache.path_for(tmp_path, "synthetic_images", SMALL, 0)
+    x = np.load(path / "x_train.npy", mmap_mode="r+")
+    x[3, 0, 0, 0] += 1.0                                   # one value, the file's size unchanged
+    x.flush()
+    del x
+    capsys.readouterr()
+    again = data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    out = capsys.readouterr().out
+    assert "x_train.npy changed since it was cached" in out and "generating the data again" in out
+    same(again, fresh)
+    same(cache._read(path), fresh)                         # and the entry was replaced whole
+
+
+def test_an_entry_mixed_from_two_entries_is_generated_again(tmp_path, capsys):
+    """Entries whose files came from different recipes failed every run with errors blaming the config."""
+    other = SyntheticImagesOptions(num_train=64, num_test=16, image_shape=(3, 8, 8), num_classes=4)
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    data.load_dataset("synthetic_images", other, None, 0, str(tmp_path))
+    a, b = (cache.path_for(tmp_path, "synthetic_images", o, 0) for o in (SMALL, other))
+    (a / "y_train.npy").write_bytes((b / "y_train.npy").read_bytes())
+    capsys.readouterr()
+    same(data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path)),
+         data.load_dataset("synthetic_images", SMALL, None, 0, "off"))
+    assert "y_train.npy changed since it was cached" in capsys.readouterr().out
+
+
+def test_an_unchanged_entry_is_not_hashed_and_a_copied_one_once(tmp_path, monkeypatch):
+    """The check costs nothing while a file's stamp (inode, mtime, ctime) is the one recorded; a copied
+    entry (new inodes) is hashed once and its new stamps remembered in verified.json."""
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path / "a"))
+    hashed = []
+    real = cache._sha256
+    monkeypatch.setattr(cache, "_sha256", lambda p: (hashed.append(p.name), real(p))[1])
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path / "a"))
+    assert hashed == []
+    import shutil
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path / "b"))
+    assert sorted(hashed) == sorted(f"{n}.npy" for n in cache.ARRAYS)
+    hashed.clear()
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path / "b"))
+    assert hashed == []
+
+
+def test_an_entry_without_hashes_is_generated_again(tmp_path, capsys):
+    """Entries written before the content check carry no hashes: they cannot be trusted."""
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    path = cache.path_for(tmp_path, "synthetic_images", SMALL, 0)
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["files"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    assert "records no content hashes" in capsys.readouterr().out
+    assert "files" in json.loads((path / "meta.json").read_text())
+
+
+def test_a_stop_requested_during_generation_skips_the_cache_write(tmp_path, monkeypatch):
+    """Ctrl-C during start-up waited for generation, a 704 MB cache write and round 1: the write can wait."""
+    from hpcfl import signals
+
+    monkeypatch.setattr(signals, "_requested", ["SIGINT"])
+    ds = data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    same(ds, data.load_dataset("synthetic_images", SMALL, None, 0, "off"))
+    assert not (tmp_path / "datasets").exists() or not any((tmp_path / "datasets").iterdir())

@@ -2,6 +2,7 @@
 and the wall-clock checkpoint decision of the round boundary."""
 
 import json
+import os
 import time
 
 import pytest
@@ -79,3 +80,109 @@ def test_boundary_takes_rank_0s_clock_and_any_ranks_stop():
     c = RunControl(FakeComm([("SIGTERM", False)]), GuardSection(), 0.0, checkpoint_minutes=0)
     c.last_checkpoint = time.monotonic() - 1e6
     assert c.boundary() == ("SIGTERM", False)   # 0 minutes: the clock never triggers
+
+
+# ---- planted links and files, the lock before planning, a checkpoint of another job ---------------------
+
+@pytest.fixture
+def victim(tmp_path):
+    v = tmp_path / "victim.txt"
+    v.write_text("precious")
+    return v
+
+
+def _locked_elsewhere(out) -> bool:
+    """Whether another process fails to take the lock on ``out`` (it is held here)."""
+    import subprocess
+    import sys
+    code = f"from hpcfl.io import rundir\ntry:\n    rundir.lock(__import__('pathlib').Path({str(out)!r}))\n" \
+           f"    print('got it')\nexcept Exception as e:\n    print(e)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return "in use by another hpcfl run" in p.stdout
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "hardlink", "dangling"])
+def test_the_lock_file_is_never_a_link_or_a_special_file(tmp_path, victim, plant):
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / rundir.LOCK
+    if plant == "symlink":
+        lock.symlink_to(victim)
+    elif plant == "dangling":
+        lock.symlink_to(tmp_path / "would-be-created")
+    elif plant == "fifo":
+        os.mkfifo(lock)
+    else:
+        os.link(victim, lock)
+    with pytest.raises(HpcflError, match=rf"{lock} is (a symbolic link|not a regular file|a hard link)"):
+        rundir.lock(out)
+    assert victim.read_text() == "precious" and not (tmp_path / "would-be-created").exists()
+    assert not rundir.holding()
+
+
+def test_the_lock_is_taken_on_a_new_out_and_abandon_removes_it(tmp_path):
+    """The lock used to be taken only when --out already existed at planning time: two runs started at
+    once into a new --out both planned a fresh start, and one truncated the other's finished results."""
+    out = tmp_path / "new" / "deeper"
+    rundir.lock(out)
+    try:
+        assert out.is_dir() and rundir.holding()
+        assert _locked_elsewhere(out)                          # a second run is refused while we plan
+    finally:
+        rundir.abandon()                                       # the run did not start: nothing is left
+    assert not (tmp_path / "new").exists() and not rundir.holding()
+    (tmp_path / "kept").mkdir()                                # a folder the lock did not create stays
+    rundir.lock(tmp_path / "kept")
+    rundir.abandon()
+    assert (tmp_path / "kept").is_dir()
+
+
+def test_the_marker_is_written_through_a_fresh_name(tmp_path, victim):
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / f"{rundir.MARKER}.tmp").symlink_to(victim)            # the temporary name it used to write through
+    rundir.claim(d, "id-a", tmp_path / "results.h5")
+    assert victim.read_text() == "precious" and rundir.read_marker(d)["run_id"] == "id-a"
+    (d / rundir.MARKER).unlink()
+    os.mkfifo(d / rundir.MARKER)                               # a FIFO as the marker: refused, not waited on
+    with pytest.raises(HpcflError, match="cannot be read"):
+        rundir.read_marker(d)
+
+
+def test_existing_results_refuses_links_and_foreign_files(tmp_path, victim):
+    path = tmp_path / "results.h5"
+    assert rundir.existing_results(path) is None
+    path.symlink_to(victim)
+    with pytest.raises(HpcflError, match="symbolic link .*pass --force"):
+        rundir.existing_results(path)
+    path.unlink()
+    path.write_text("precious")
+    with pytest.raises(HpcflError, match=r"not an HDF5 file \(no HDF5 signature\); hpcfl does not overwrite it"):
+        rundir.existing_results(path)
+    path.unlink()
+    import h5py
+    with h5py.File(path, "w") as f:                            # HDF5, but no job in it
+        f["metrics/round"] = [1, 2]
+    with pytest.raises(HpcflError, match="no config attribute, so it is not an hpcfl results file"):
+        rundir.existing_results(path)
+
+
+def test_a_checkpoint_of_another_job_is_never_resumed_from(tmp_path):
+    from types import SimpleNamespace
+
+    from hpcfl import config, resume
+
+    job = tmp_path / "job.toml"
+    job.write_text("[run]\nseed = 1\nrounds = 4\n[data]\ndataset = \"digits\"\n[model]\nname = \"mlp\"\n")
+    cfg = config.load(job)
+
+    def ckpt(c, digest=None):
+        return SimpleNamespace(meta={"config": c.to_json()}, path=tmp_path / "ckpt-00000002.h5",
+                               manifest={"config_sha256": digest or c.digest()})
+
+    resume.check_job(ckpt(cfg), cfg)                                              # its own
+    resume.check_job(ckpt(config.load(job, ["run.rounds=9"])), cfg)               # a safe change
+    with pytest.raises(HpcflError, match=r"written by a different job \(it differs in run.seed\)"):
+        resume.check_job(ckpt(config.load(job, ["run.seed=2"])), cfg)
+    with pytest.raises(HpcflError, match="config and config_sha256 differ"):
+        resume.check_job(ckpt(config.load(job, ["run.seed=2"]), digest=cfg.digest()), cfg)  # job edited in

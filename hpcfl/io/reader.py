@@ -1,0 +1,317 @@
+"""Reading results files: :func:`load` (``hpcfl.results.load``), :func:`status` and friends.
+
+A results file may be a live run's, a killed run's, a damaged one or a crafted one. Every
+read goes through :mod:`.h5check`: no hang on a truncated file, no external or virtual
+storage, no link out of the file, every dataset's rank, type and size checked against the
+layout (``hpcfl.io.results``) before it is read. Anything wrong raises
+:class:`~hpcfl.io.h5check.BadFile` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from ..errors import HpcflError
+from .h5check import BadFile, member, open_read, read, superblock
+from .schema import CLIENT_FIELDS, METRICS
+
+MAX_CONFIG_DEPTH = 16   # a job nests 3 deep; deeper JSON is not a job (and would exhaust the recursion limit)
+SEGMENT_COLUMNS = ("start_round", "world_size", "devices", "versions", "started")
+SEGMENT_KINDS = {"start_round": "iu", "world_size": "iu", "devices": "O", "versions": "O", "started": "O"}
+EVENT_FIELDS = ("round", "old_tau", "new_tau", "reason")
+LOCKING = {"locking": True}   # set by hpcfl.io.results.configure(); False where files cannot be locked
+
+
+def open_results(path: Path) -> h5py.File:
+    return open_read(path, locking=LOCKING["locking"])
+
+
+@dataclass(repr=False)
+class Results:
+    """Plain-array view of a results file (see hpcfl.io.schema for the layout)."""
+
+    metrics: dict[str, np.ndarray]
+    clients: dict[str, np.ndarray]
+    config: dict
+    attrs: dict
+    class_counts: np.ndarray
+    final_params: np.ndarray | None = None
+    param_names: list[str] = dc_field(default_factory=list)
+    param_shapes: list[tuple] = dc_field(default_factory=list)
+    summaries: dict[str, np.ndarray] = dc_field(default_factory=dict)
+    events: np.ndarray | None = None   # /controller_events (finished runs of an adaptive-tau policy)
+    segments: list[dict] = dc_field(default_factory=list)   # one dict per start or resume
+    units: dict = dc_field(default_factory=dict)   # {"metrics": {name: unit}, "clients": {...}}
+    input_shape: tuple | None = None
+    num_classes: int | None = None
+    source: Path | None = None   # the file it was read from
+
+    def __repr__(self) -> str:   # a few lines about the run, not every array (hpcfl.results.summary)
+        from ..results import summary
+
+        return summary(self)
+
+    def model(self):
+        """The trained model as a torch module in eval mode, in the run's dtype, on the CPU.
+
+        Built from the stored job's model section, one sample's shape and the class count,
+        then loaded with the final parameters and buffers: evaluating it on the job's test
+        set gives the recorded final test accuracy.
+        """
+        import torch
+
+        from .. import models
+        from ..config import from_dict
+
+        if self.final_params is None:
+            raise HpcflError("this run has no final model yet (it is still running, or was stopped); load it "
+                             "again once the run has finished")
+        if self.input_shape is None:
+            raise HpcflError("this results file predates stored input shapes (schema 1); rebuild the model with "
+                             "hpcfl.models.build_model(...) and load .state_dict() into it")
+        cfg = from_dict(self.config)
+        module = models.build_model(cfg.model.name, cfg.model_options, self.input_shape, self.num_classes)
+        module = module.to(torch.float64 if self.final_params.dtype == np.float64 else torch.float32)
+        missing, unexpected = module.load_state_dict(self.state_dict(), strict=False)
+        if unexpected or [k for k in missing if not k.endswith("num_batches_tracked")]:
+            raise HpcflError(f"the stored model does not fit {cfg.model.name}: missing {missing}, unexpected "
+                             f"{unexpected}")
+        return module.eval()
+
+    def state_dict(self) -> dict:
+        """The final model as ``{module path: torch.Tensor}`` for ``model.load_state_dict(..., strict=False)``."""
+        import torch
+
+        out, offset = {}, 0
+        for name, shape in zip(self.param_names, self.param_shapes):
+            size = int(np.prod(shape))
+            out[name.split(":", 1)[1]] = torch.from_numpy(self.final_params[offset : offset + size].reshape(shape).copy())
+            offset += size
+        return out
+
+
+# --------------------------------------------------------------------------- attributes
+
+def _depth(obj, limit: int) -> bool:
+    """Whether ``obj`` nests at most ``limit`` containers deep (iteratively: no recursion)."""
+    stack = [(obj, 0)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            if d >= limit:
+                return False
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return True
+
+
+def _json(text: str, path: Path, what: str):
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BadFile(f"{path}: the {what} attribute is not valid JSON ({str(exc)[:80]})") from None
+    if not _depth(value, MAX_CONFIG_DEPTH):
+        raise BadFile(f"{path}: the {what} attribute nests deeper than {MAX_CONFIG_DEPTH} levels; not an hpcfl file")
+    return value
+
+
+def root_attrs(f: h5py.File, path: Path) -> dict:
+    """The root attributes with JSON strings decoded; scalars as Python values, arrays refused."""
+    out = {}
+    try:
+        names = list(f.attrs)
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        raise BadFile(f"{path}: its attributes cannot be read ({exc})") from None
+    for k in names:
+        try:
+            v = f.attrs[k]
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise BadFile(f"{path}: attribute {k!r} cannot be read ({str(exc)[:80]})") from None
+        v = v.decode(errors="replace") if isinstance(v, bytes) else v
+        if isinstance(v, np.ndarray):
+            raise BadFile(f"{path}: attribute {k!r} is an array; an hpcfl results file has scalar attributes")
+        if isinstance(v, str) and v[:1] in "[{":
+            v = _json(v, path, k)
+        out[k] = v.item() if isinstance(v, np.generic) else v
+    return out
+
+
+def job_config(attrs: dict, path: Path) -> dict:
+    """The stored job (the ``config`` attribute); BadFile when there is none: not an hpcfl results file."""
+    config = attrs.get("config")
+    if config is None:
+        raise BadFile(f"{path} has no config attribute, so it is not an hpcfl results file")
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise BadFile(f"{path}: its config attribute is not a job (a table of sections)")
+    return config
+
+
+def _int_attr(attrs: dict, name: str, path: Path, default=None):
+    v = attrs.get(name, default)
+    if v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool)):
+        return v
+    raise BadFile(f"{path}: attribute {name!r} = {v!r} is not an integer")
+
+
+# --------------------------------------------------------------------------- groups
+
+def _columns(f: h5py.File, group: str, path: Path, kinds: dict, live: bool) -> tuple[dict, dict]:
+    """Every dataset of ``/group`` (1-D, numeric), all of one length; and their units.
+
+    Known fields must have their layout's kind; a live or killed writer's file may hold one
+    column a round ahead of another, so those are cut to the shortest.
+    """
+    g = member(f, group, h5py.Group, path)
+    data, units = {}, {}
+    for name in g:
+        ds = member(g, name, h5py.Dataset, path)
+        data[name] = read(ds, path, kinds.get(name, "biuf"))
+        units[name] = _unit(ds)
+    if "round" not in data:
+        raise BadFile(f"{path}: /{group}/round is missing")
+    lengths = {len(v) for v in data.values()}
+    if len(lengths) > 1:
+        if not live:
+            raise BadFile(f"{path}: the columns of /{group} have different lengths {sorted(lengths)}")
+        n = min(lengths)
+        data = {k: v[:n] for k, v in data.items()}
+    return data, units
+
+
+def _unit(ds: h5py.Dataset) -> str:
+    try:
+        u = ds.attrs.get("unit", "")
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError):
+        return ""
+    return u.decode(errors="replace") if isinstance(u, bytes) else str(u)
+
+
+def _strings(values) -> list[str]:
+    return [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in values]
+
+
+def read_segments(f: h5py.File, path: Path, attrs: dict | None = None) -> list[dict]:
+    """The segment rows of a file; a file older than /segments gives its one known start."""
+    if "segments" in f:
+        g = member(f, "segments", h5py.Group, path)
+        cols = {}
+        for k in SEGMENT_COLUMNS:
+            col = read(member(g, k, h5py.Dataset, path), path, SEGMENT_KINDS[k])
+            cols[k] = _strings(col) if SEGMENT_KINDS[k] == "O" else [int(v) for v in col]
+        if len({len(c) for c in cols.values()}) > 1:
+            raise BadFile(f"{path}: the columns of /segments have different lengths")
+        return [{k: cols[k][i] for k in SEGMENT_COLUMNS} for i in range(len(cols["start_round"]))]
+    a = attrs if attrs is not None else root_attrs(f, path)
+    dump = (lambda v: v if isinstance(v, str) else json.dumps(v))
+    return [{"start_round": int(_int_attr(a, "resumed_at_round", path, 0)) + 1,
+             "world_size": int(_int_attr(a, "world_size", path, 0)), "devices": dump(a.get("devices", "[]")),
+             "versions": dump(a.get("versions", "{}")), "started": ""}]
+
+
+def _final(f: h5py.File, path: Path, res: Results) -> None:
+    g = member(f, "final", h5py.Group, path)
+    params = read(member(g, "params", h5py.Dataset, path), path, "f")
+    names = _strings(read(member(g, "param_names", h5py.Dataset, path), path, "O"))
+    a = root_attrs(g, path)
+    shapes = a.get("shapes")
+    if not (isinstance(shapes, list) and len(shapes) == len(names) and
+            all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes)):
+        raise BadFile(f"{path}: /final's shapes attribute does not list one shape per entry of param_names")
+    if sum(int(np.prod(s, dtype=np.float64)) for s in shapes) != params.size:
+        raise BadFile(f"{path}: /final/params has {params.size} values, its shapes account for another number")
+    if any(":" not in n for n in names):
+        raise BadFile(f"{path}: /final/param_names holds names without 'param:' or 'buffer:'")
+    res.final_params, res.param_names, res.param_shapes = params, names, [tuple(s) for s in shapes]
+    if "input_shape" in a:
+        shape = a["input_shape"]
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d > 0 for d in shape)):
+            raise BadFile(f"{path}: /final's input_shape attribute is not a list of positive integers")
+        res.input_shape, res.num_classes = tuple(shape), _int_attr(a, "num_classes", path)
+
+
+def _events(f: h5py.File, path: Path) -> np.ndarray:
+    ds = member(f, "controller_events", h5py.Dataset, path)
+    fields = ds.dtype.fields or {}
+    if tuple(fields) != EVENT_FIELDS or any(fields[k][0].kind not in "iu" for k in EVENT_FIELDS[:3]) \
+            or fields["reason"][0].kind != "S":
+        raise BadFile(f"{path}: /controller_events is not a table of (round, old_tau, new_tau, reason)")
+    return read(ds, path, "V")
+
+
+# --------------------------------------------------------------------------- entry points
+
+def load(path: str | Path) -> Results:
+    """Read a results file (a finished or a running one) into plain numpy arrays.
+
+    ``path`` may be the file or the run's output directory. Raises BadFile (an HpcflError)
+    naming the file and the problem for a damaged, truncated or crafted file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.h5"
+    live = bool(superblock(path)["flags"] & 0x04)
+    with open_results(path) as f:
+        attrs = root_attrs(f, path)
+        config = job_config(attrs, path)
+        kinds = {"metrics": {k: _kind(v.dtype) for k, v in METRICS.items()},
+                 "clients": {k: _kind(v.dtype) for k, v in CLIENT_FIELDS.items()}}
+        metrics, m_units = _columns(f, "metrics", path, kinds["metrics"], live)
+        clients, c_units = _columns(f, "clients", path, kinds["clients"], live)
+        counts = read(member(member(f, "partition", h5py.Group, path), "class_counts", h5py.Dataset, path), path,
+                      "iu", ndim=2)
+        res = Results(metrics=metrics, clients=clients, config=config, attrs=attrs, class_counts=counts,
+                      segments=read_segments(f, path, attrs), units={"metrics": m_units, "clients": c_units},
+                      source=path)
+        if (_int_attr(attrs, "schema_version", path, 1) or 1) < 2:   # rounds were 0-based: read as today's
+            res.metrics["round"] = res.metrics["round"] + 1
+            res.clients["round"] = res.clients["round"] + 1
+        if "clients_summary" in f:
+            g = member(f, "clients_summary", h5py.Group, path)
+            res.summaries = {k: read(member(g, k, h5py.Dataset, path), path, "f") for k in g}
+        if "controller_events" in f:
+            res.events = _events(f, path)
+        if "final" in f:
+            _final(f, path, res)
+    return res
+
+
+def _kind(dtype) -> str:
+    return "f" if np.dtype(dtype).kind == "f" else "iu"
+
+
+def status(path: Path) -> tuple[str, dict, str | None] | None:
+    """(status, config dict, run id) of an existing results file, or None if there is none.
+
+    Raises BadFile when the file is damaged or is not an hpcfl results file (no job in it);
+    files of an hpcfl older than run ids have None as their id.
+    """
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    with open_results(path) as f:
+        attrs = root_attrs(f, path)
+        config = job_config(attrs, path)
+        member(f, "metrics", h5py.Group, path)
+    rid = attrs.get("run_id")
+    return str(attrs.get("status", "running")), config, None if rid is None else str(rid)
+
+
+def diverged_round(path: Path) -> int | None:
+    """The round (from 1) in which the run of ``path`` diverged, or None."""
+    with open_results(Path(path)) as f:
+        r = _int_attr(root_attrs(f, Path(path)), "diverged_round", Path(path))
+        return None if r is None else int(r)
+
+
+def metric_rows(path: Path) -> list[dict]:
+    """The metrics table as a list of per-round dicts (for the closing summary)."""
+    path = Path(path)
+    live = bool(superblock(path)["flags"] & 0x04)
+    with open_results(path) as f:
+        m, _ = _columns(f, "metrics", path, {k: _kind(v.dtype) for k, v in METRICS.items()}, live)
+    return [{k: v[i].item() for k, v in m.items()} for i in range(len(m["round"]))]
