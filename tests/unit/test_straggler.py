@@ -262,15 +262,15 @@ batch_size = 16
 local_steps = 4
 steps = "straggler"
 straggler = {rho = 0.2, tau_max = 2, unit = "step"}
-lga = {lam = 1e60}
 """
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-def test_A8_overflowing_correction_ends_the_run_as_diverged(tmp_path, capsys):
-    """A huge lam (1e60) makes the first corrected slow update lam g (g . v) astronomically large: finite in
-    float64, but far beyond float32's 3.4e38, so the server's new float32 model is Inf while every client
-    update (trained from a sane model) is finite and passes the update guard (else the exit would be 3).
+def test_A8_overflowing_correction_ends_the_run_as_diverged(tmp_path, capsys, monkeypatch):
+    """A correction scaled by 1e60 (no job may set lam that high: options stop at 1e30) makes the first
+    corrected slow update astronomically large: finite in float64, but far beyond float32's 3.4e38, so the
+    server's new float32 model is Inf while every client update (trained from a sane model) is finite and
+    passes the update guard (else the exit would be 3).
     With seed 24, rho = 0.2 (one slow position of 5) and tau in {1, 2}, rounds 1 and 2 have no truncated
     client (no correction) and round 3 has one.
 
@@ -278,6 +278,15 @@ def test_A8_overflowing_correction_ends_the_run_as_diverged(tmp_path, capsys):
     running the command again says it ended diverged and exits 0 without training."""
     policy = StragglerSteps(StragglerOptions(rho=0.2, tau_max=2, unit="step"), 4, 16, 24, 7)
     assert [int(policy.taus(r, np.arange(5)).max()) for r in range(3)] == [1, 1, 2]
+    from hpcfl.algorithms import fedlga
+
+    real = fedlga.correct
+
+    def huge(*args, **kwargs):
+        new, alpha = real(*args, **kwargs)
+        return new * 1e60, alpha
+
+    monkeypatch.setattr(fedlga, "correct", huge)
     (tmp_path / "job.toml").write_text(A8_JOB)
     argv = ["run", str(tmp_path / "job.toml"), "--out", str(tmp_path / "out")]
     assert cli.main(argv) == 4
