@@ -68,6 +68,7 @@ class Sweep:
     out: Path
     grid: dict      # dotted key -> list of values, in file order
     points: tuple   # of Point, in grid order
+    notes: tuple = ()   # what the --set options dropped (a replaced component's table)
 
 
 # ---- the grid --------------------------------------------------------------------------------
@@ -198,7 +199,8 @@ def expand(job, overrides: list[str] | None = None, out=None) -> Sweep:
     overrides = list(overrides or [])
     base, grid = read_job(job)
     _check_overrides(grid, overrides)
-    base = config.apply_overrides(base, overrides)
+    notes: list = []
+    base = config.apply_overrides(base, overrides, notes)
     name = base.get("run", {}).get("name", "run") if isinstance(base.get("run"), dict) else "run"
     if out is None and not (isinstance(name, str) and config.RUN_NAME.fullmatch(name) and name not in (".", "..")):
         raise ConfigError(f"run.name = {name!r} must be a plain name (letters, digits, '.', '_', '-'): the sweep "
@@ -215,7 +217,7 @@ def expand(job, overrides: list[str] | None = None, out=None) -> Sweep:
         except ConfigError as exc:
             raise ConfigError([f"[sweep] point {i} ({pname}): {p}" for p in exc.problems]) from None
         points.append(Point(i, pname, sets, table))
-    return Sweep(Path(job), Path(out) if out else Path("runs") / name, grid, tuple(points))
+    return Sweep(Path(job), Path(out) if out else Path("runs") / name, grid, tuple(points), tuple(notes))
 
 
 def select(sweep: Sweep, only: int | None) -> tuple:
@@ -338,6 +340,9 @@ def main(args, comm) -> int:
     except HpcflError as exc:
         err = exc
     cli._agree(comm, err)
+    if comm.rank == 0:
+        for note in sweep.notes:   # as hpcfl run says it: a dropped table must not go unnoticed
+            print(f"hpcfl sweep: note: {note}", flush=True)
     if args.list:
         if comm.rank == 0:
             print(listing(sweep, args.overrides), flush=True)

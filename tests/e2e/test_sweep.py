@@ -168,6 +168,19 @@ def test_list_and_only(tmp_path):
         sweep.select(sweep.expand(ROOT / "jobs" / "sweep_quickstart.toml"), 6)
 
 
+def test_a_set_that_switches_a_component_says_what_it_drops(tmp_path):
+    """As ``hpcfl run`` does: --set data.partition=pareto leaves [data.dirichlet] out, and says so."""
+    job = ROOT / "jobs" / "sweep_quickstart.toml"
+    sw = sweep.expand(job, ["data.partition=pareto"])
+    assert sw.notes == ("[data.dirichlet] is left out: after --set data.partition=pareto no chosen component "
+                        "reads it",)
+    assert all("dirichlet" not in p.table["data"] for p in sw.points)
+    assert sweep.expand(job).notes == ()
+    p = hpcfl("sweep", str(job), "--list", "--set", "data.partition=pareto", "--out", str(tmp_path / "o"))
+    assert p.returncode == 0, p.stderr
+    assert "hpcfl sweep: note: [data.dirichlet] is left out: after --set data.partition=pareto" in p.stdout
+
+
 def test_grid_runs_every_point_then_skips_them(tmp_path):
     """jobs/sweep_quickstart.toml as shipped: 2 algorithms x 3 seeds, 30 rounds each."""
     out = tmp_path / "grid"
