@@ -230,6 +230,9 @@ def cmd_run(args, comm) -> int:
         signals.ignore()
         if comm.rank == 0 and mode == "done":
             print(f"hpcfl: {out} is already finished ({start} rounds); nothing to do", flush=True)
+        from .io import rundir
+
+        rundir.unlock()   # planning took the lock; a caller in this process (hpcfl sweep, tests) goes on
         return 0
 
     sim_time = comm.bcast(loaded.meta.get("sim_time", 0.0) if loaded else 0.0, root=0)

@@ -277,7 +277,6 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
     inside ``cmd_run``, on every rank.
     """
     from . import cli, signals
-    from .io import rundir
 
     folder = sweep.out / point.name
     err = None
@@ -292,9 +291,7 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
     signals.install()       # the previous point's cmd_run ended by ignoring stop signals
     args = argparse.Namespace(cmd="run", job=str(folder / POINT_JOB), overrides=[], out=str(folder), force=False,
                               allow_change=[])
-    code = cli.cmd_run(args, comm)
-    rundir.unlock()   # an already finished point returns before cmd_run releases the lock its planning took
-    return code
+    return cli.cmd_run(args, comm)   # which releases the point's lock on every path that returns
 
 
 def _state(path: Path) -> str:

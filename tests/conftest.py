@@ -47,3 +47,15 @@ def _restore_stop_signals_after_each_test():
     """After every test, and so also after module fixtures that ran cli.main before it."""
     yield
     restore_stop_signals()
+
+
+@pytest.fixture(autouse=True)
+def _no_run_lock_left_held():
+    """cli.main run in-process must release the --out lock on every path that returns: a lock left
+    held made a later test's lock checks fail, and would block hpcfl sweep's next point."""
+    yield
+    from hpcfl.io import rundir
+
+    if rundir.holding():
+        rundir.unlock()
+        pytest.fail("this test (or a module fixture before it) returned from hpcfl with a run lock held")

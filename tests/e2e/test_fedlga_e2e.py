@@ -22,6 +22,10 @@ from runner import run_memory, run_parallel
 from hpcfl.analysis import runs
 from hpcfl.results import load
 
+# The digits fixture runs ten 100-round jobs, two at a time: over pytest-timeout's 300 s when the machine is
+# shared (the Slurm tests beside it), and a timeout in a fixture takes the whole xdist worker down.
+pytestmark = pytest.mark.timeout(1200)
+
 D2 = {
     "run": {"name": "d2", "seed": 0, "rounds": 100, "eval_every": 10},
     "data": {"dataset": "digits", "partition": "label_k", "num_clients": 20,
