@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 
 import numpy as np
+from workers import run_in_workers   # bench/ is sys.path[0] when a script here runs
 
 KEEP = ("round", "test_accuracy", "sim_time", "tau_used", "tau_next")
 RUNTIME = {"threads": 1, "progress": "none"}
@@ -116,24 +115,10 @@ def worker() -> None:
 
 def run_all(tables: list[dict], workers: int) -> list[dict]:
     """Run ``tables`` in ``workers`` subprocesses of this script; per table {record: (R,) array}."""
-    chunks = [list(range(w, len(tables), workers)) for w in range(workers)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for c in chunks if c]
-    for proc, chunk in zip(procs, chunks):
-        proc.stdin.write(json.dumps([tables[i] for i in chunk]))
-        proc.stdin.close()
-    out: list[dict] = [{} for _ in tables]
-    for proc, chunk in zip(procs, chunks):
-        lines = [ln for ln in proc.stdout.read().splitlines() if ln.startswith("[")]
-        err = proc.stderr.read()
-        if proc.wait() != 0 or len(lines) != len(chunk):
-            for other in procs:      # no orphan left running the rest of its share
-                other.kill()
-            raise SystemExit(f"a worker failed:\n{err[-3000:]}")
-        for i, line in zip(chunk, lines):
-            cols = np.array(json.loads(line), dtype=np.float64).reshape(-1, len(KEEP))
-            out[i] = {k: cols[:, j] for j, k in enumerate(KEEP)}
+    out = []
+    for rows in run_in_workers(__file__, tables, [list(range(w, len(tables), workers)) for w in range(workers)]):
+        cols = np.array(rows, dtype=np.float64).reshape(-1, len(KEEP))
+        out.append({k: cols[:, j] for j, k in enumerate(KEEP)})
     return out
 
 

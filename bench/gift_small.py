@@ -57,13 +57,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 
 import numpy as np
+from workers import run_in_workers   # bench/ is sys.path[0] when a script here runs
 
 ROUNDS, QUICK_ROUNDS = 300, 80
 TAU0 = 50
@@ -121,25 +120,10 @@ def run_all(tables: list[dict], workers: int) -> list[dict]:
     """
     cost = [t["run"]["rounds"] * (2 if t["algorithm"]["gift"]["mode"] == "fixed" else 1) for t in tables]
     order = sorted(range(len(tables)), key=lambda i: -cost[i])
-    chunks = [order[w::workers] for w in range(workers)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for c in chunks if c]
-    for proc, chunk in zip(procs, chunks):
-        proc.stdin.write(json.dumps([tables[i] for i in chunk]))
-        proc.stdin.close()
-    out: list[dict] = [{} for _ in tables]
-    for proc, chunk in zip(procs, chunks):
-        lines = proc.stdout.read().splitlines()
-        err = proc.stderr.read()
-        if proc.wait() != 0:
-            for other in procs:      # no orphan left running the rest of its share
-                other.kill()
-            raise SystemExit(f"a worker failed:\n{err[-3000:]}")
-        for i, line in zip(chunk, lines):
-            got = json.loads(line)
-            cols = np.array(got["rows"], dtype=np.float64).reshape(-1, len(KEEP))
-            out[i] = {k: cols[:, j] for j, k in enumerate(KEEP)} | {"wall": got["wall"]}
+    out = []
+    for got in run_in_workers(__file__, tables, [order[w::workers] for w in range(workers)]):
+        cols = np.array(got["rows"], dtype=np.float64).reshape(-1, len(KEEP))
+        out.append({k: cols[:, j] for j, k in enumerate(KEEP)} | {"wall": got["wall"]})
     return out
 
 
