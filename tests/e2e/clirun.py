@@ -61,3 +61,31 @@ def reference_run(tmp_path_factory, job_text: str, name: str = "ref"):
     p = hpcfl("run", str(d / "job.toml"), "--out", str(d / "out"))
     assert p.returncode == 0, p.stderr
     return d
+
+
+def digits_job(name: str, seed: int, rounds: int, extra: str = "") -> str:
+    """A small FedAvg job on the embedded digits (6 Dirichlet clients, MLP 16, 4 per round, one
+    thread, progress lines) as TOML text, ``extra`` appended: the run the safety and hostile-input
+    tests start, stop and edit."""
+    return f"""
+[run]
+name = "{name}"
+seed = {seed}
+rounds = {rounds}
+[data]
+dataset = "digits"
+partition = "dirichlet"
+num_clients = 6
+[model]
+name = "mlp"
+[model.mlp]
+hidden = [16]
+[algorithm]
+name = "fedavg"
+clients_per_round = 4
+lr = 0.05
+local_steps = 4
+[runtime]
+threads = 1
+progress = "line"
+""" + extra

@@ -18,32 +18,9 @@ from hpcfl import cli, config
 from hpcfl.io import rundir
 from hpcfl.results import load
 
-from clirun import ROOT, assert_same_run, hpcfl, kill_group, reference_run, start
+from clirun import ROOT, assert_same_run, digits_job, hpcfl, kill_group, reference_run, start
 
-JOB = """
-[run]
-name = "hostile"
-seed = 4
-rounds = 3
-[data]
-dataset = "digits"
-partition = "dirichlet"
-num_clients = 6
-[model]
-name = "mlp"
-[model.mlp]
-hidden = [16]
-[algorithm]
-name = "fedavg"
-clients_per_round = 4
-lr = 0.05
-local_steps = 4
-[runtime]
-threads = 1
-progress = "line"
-[checkpoint]
-every = 1
-"""
+JOB = digits_job("hostile", 4, 3, '[checkpoint]\nevery = 1\n')
 PARTIAL = (".results.h5.new-tmp", ".results.h5.resume-tmp", "results.h5.final")
 
 

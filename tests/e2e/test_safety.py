@@ -14,30 +14,9 @@ import numpy as np
 import pytest
 from hpcfl.io import rundir
 
-from clirun import assert_same_run, hpcfl, kill_group, reference_run, start
+from clirun import assert_same_run, digits_job, hpcfl, kill_group, reference_run, start
 
-JOB = """
-[run]
-name = "safe"
-seed = 2
-rounds = 6
-[data]
-dataset = "digits"
-partition = "dirichlet"
-num_clients = 6
-[model]
-name = "mlp"
-[model.mlp]
-hidden = [16]
-[algorithm]
-name = "fedavg"
-clients_per_round = 4
-lr = 0.05
-local_steps = 4
-[runtime]
-threads = 1
-progress = "line"
-"""
+JOB = digits_job("safe", 2, 6)
 
 
 @pytest.fixture(scope="module")
