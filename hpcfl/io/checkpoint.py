@@ -94,19 +94,6 @@ def _open_h5(path: Path, mode: str) -> h5py.File:
     return h5py.File(path, mode)
 
 
-def _fsync_path(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        # Some network filesystems refuse fsync on a directory; the rename is then as
-        # durable as that filesystem makes it, and nothing more can be done.
-        if not (directory and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
-            raise
-    finally:
-        os.close(fd)
-
-
 def _hash_update(h, name: str, arr: np.ndarray) -> None:
     h.update((json.dumps([name, arr.dtype.str, list(arr.shape)]) + "\n").encode())
     # Hash the buffer itself, not tobytes(): no second copy of a large model.
@@ -277,7 +264,7 @@ class CheckpointStore:
         try:
             self._write(tmp, arrays, attrs)
             os.replace(tmp, final)
-            _fsync_path(self.directory, directory=True)
+            safefs.fsync(self.directory, directory=True)
         except BaseException as e:
             # Whatever went wrong, a half-written file must not stay behind and eat the
             # space that the next attempt needs.
@@ -324,7 +311,7 @@ class CheckpointStore:
             raise OSError(f"closing the HDF5 file failed: {e}") from e
         # Closing may still write HDF5 bookkeeping (end-of-file address, free space);
         # one more fsync puts that on disk too, and costs nothing when nothing is dirty.
-        _fsync_path(tmp)
+        safefs.fsync(tmp)
 
     def _write_error(self, round: int, e: Exception, nbytes: int) -> str:
         if getattr(e, "errno", None):

@@ -110,10 +110,18 @@ def copy(src: Path, dst: Path) -> None:
         raise
 
 
-def fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | _FLAGS)
+def fsync(path: Path, directory: bool = False) -> None:
+    """Put ``path``'s data on disk: a file hpcfl wrote (not followed if it is a link), or a directory
+    after a rename in it (so that the new name survives a crash)."""
+    flags = os.O_RDONLY | (os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0) if directory else _FLAGS)
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
+    except OSError as e:
+        # Some network filesystems refuse fsync on a directory; the rename is then as
+        # durable as that filesystem makes it, and nothing more can be done.
+        if not (directory and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+            raise
     finally:
         os.close(fd)
 
