@@ -183,6 +183,19 @@ def _commit(cfg, out: Path, plan: Plan):
 
 
 def cmd_run(args, comm) -> int:
+    """``hpcfl run``. Every path that returns (finished, nothing to do, diverged, an operation
+    without a deterministic kernel) releases the ``--out`` lock planning took, so that a caller in
+    this process (the next point of ``hpcfl sweep``, tests) can lock its own; the other exits end
+    the process, which releases it."""
+    from .io import rundir
+
+    try:
+        return _run(args, comm)
+    finally:
+        rundir.unlock()
+
+
+def _run(args, comm) -> int:
     from . import config, notices, resume, signals, simulation
     from .control import (EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE, RunControl, final_write,
                           write_failed)
@@ -230,9 +243,6 @@ def cmd_run(args, comm) -> int:
         signals.ignore()
         if comm.rank == 0 and mode == "done":
             print(f"hpcfl: {out} is already finished ({start} rounds); nothing to do", flush=True)
-        from .io import rundir
-
-        rundir.unlock()   # planning took the lock; a caller in this process (hpcfl sweep, tests) goes on
         return 0
 
     sim_time = comm.bcast(loaded.meta.get("sim_time", 0.0) if loaded else 0.0, root=0)
@@ -307,10 +317,7 @@ def cmd_run(args, comm) -> int:
             progress.close()
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
             print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
-        from .io import rundir
-
         control.close()
-        rundir.unlock()
         return EXIT_DIVERGED
     except NondeterministicOp as exc:   # raised where the operation ran: perhaps on some ranks only
         if comm.rank == 0:
@@ -318,10 +325,7 @@ def cmd_run(args, comm) -> int:
         print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
         if comm.size > 1:
             comm.Abort(EXIT_INPUT)      # the other ranks may wait in a collective: end them all
-        from .io import rundir
-
         control.close()
-        rundir.unlock()
         return EXIT_INPUT
     except (simulation.Stopped, simulation.GuardStop) as exc:
         resumable = isinstance(exc, simulation.Stopped)
@@ -339,10 +343,7 @@ def cmd_run(args, comm) -> int:
     signals.ignore()   # finished: a stop signal from here on changes nothing
     if comm.rank == 0:
         print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
-    from .io import rundir
-
-    control.close()   # another run may follow in this process (hpcfl sweep): end this one's
-    rundir.unlock()   # watchdog and release its --out
+    control.close()   # another run may follow in this process (hpcfl sweep): end this one's watchdog
     return 0
 
 
