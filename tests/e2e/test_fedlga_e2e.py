@@ -21,6 +21,7 @@ from runner import run_memory, run_parallel
 
 from hpcfl.analysis import runs
 from hpcfl.results import load
+from hpcfl.tomltext import toml_document
 
 # The digits fixture runs ten 100-round jobs, two at a time: over pytest-timeout's 300 s when the machine is
 # shared (the Slurm tests beside it), and a timeout in a fixture takes the whole xdist worker down.
@@ -49,16 +50,6 @@ def d2(seed, **algorithm):
     return t
 
 
-def toml(table: dict, prefix: str = "") -> str:
-    """A job table as TOML (tables of scalars, lists and sub-tables are all our jobs use)."""
-    lines = [f"[{prefix}]"] if prefix else []
-    lines += [f"{k} = {json.dumps(v)}" for k, v in table.items() if not isinstance(v, dict)]
-    for k, v in table.items():
-        if isinstance(v, dict):
-            lines.append(toml(v, f"{prefix}.{k}" if prefix else k))
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     """Final accuracies by method and seed, each run through ``hpcfl run`` into its own results file.
@@ -71,7 +62,7 @@ def digits(tmp_path_factory):
 
     def one(run):
         name, seed, alg = run
-        (out / f"{name}{seed}.toml").write_text(toml(d2(seed, **alg)))
+        (out / f"{name}{seed}.toml").write_text(toml_document(d2(seed, **alg)))
         p = hpcfl("run", str(out / f"{name}{seed}.toml"), "--out", str(out / f"{name}{seed}"), timeout=600)
         assert p.returncode == 0, p.stderr
         return name, seed, load(out / f"{name}{seed}")
