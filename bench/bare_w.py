@@ -104,7 +104,7 @@ def lenet5() -> nn.Module:
 
 
 def cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> np.ndarray:
-    """Same draw as hpcfl.simulation.sample_cohort (SeedSequence [seed, COHORT=1, rnd, 0])."""
+    """Same draw as hpcfl.engine.simulation.sample_cohort (SeedSequence [seed, COHORT=1, rnd, 0])."""
     gen = np.random.default_rng(np.random.SeedSequence([seed, 1, rnd % 2**32, 0]))
     return np.sort(gen.choice(num_clients, size=per_round, replace=False))
 

@@ -14,7 +14,7 @@ import torch
 
 from hpcfl import config, models
 from hpcfl.algorithms import Algorithm
-from hpcfl.comm import make_sum
+from hpcfl.parallel.comm import make_sum
 from hpcfl.params import FlatModel
 
 

@@ -22,7 +22,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 
 def table(partition: str, seed: int, gsnr: bool, clients: int = 20, per_round: int = 0, prox: bool = False):

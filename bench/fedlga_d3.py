@@ -39,7 +39,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 METHODS = {
     "FedAvg": {"name": "fedavg"},

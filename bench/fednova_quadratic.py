@@ -4,7 +4,7 @@
     python bench/fednova_quadratic.py --clients 30 --dim 100 --rounds 1000   # full size
     mpiexec -n 2 python -m mpi4py bench/fednova_quadratic.py
 
-Runs jobs/papers/fednova_quadratic.toml in-process (hpcfl.simulation.prepare/run on
+Runs jobs/papers/fednova_quadratic.toml in-process (hpcfl.engine.simulation.prepare/run on
 MPI.COMM_WORLD, float64, local GD) for three step settings
 
     same tau       tau_i = 30 for every client
@@ -44,7 +44,8 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 from hpcfl.algorithms.policies import ClientSteps
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "papers" / "fednova_quadratic.toml"

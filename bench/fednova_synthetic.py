@@ -4,7 +4,7 @@
     mpiexec -n 2 python -m mpi4py bench/fednova_synthetic.py
 
 Runs jobs/papers/fednova_synthetic.toml (30 natural clients, logistic regression, B = 20,
-lr 0.02) in-process through hpcfl.simulation.prepare/run on MPI.COMM_WORLD, for
+lr 0.02) in-process through hpcfl.engine.simulation.prepare/run on MPI.COMM_WORLD, for
 
     full  E=5        all 30 clients, E_i = 5
     C=0.3 E=5        9 clients per round (uniform, Alg. 1), E_i = 5
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "papers" / "fednova_synthetic.toml"
 

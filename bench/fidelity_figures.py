@@ -104,7 +104,8 @@ def worker() -> None:
     """``--worker``: job tables in as JSON on stdin, one JSON line of per-round records per run out."""
     from mpi4py import MPI
 
-    from hpcfl import config, simulation
+    from hpcfl import config
+    from hpcfl.engine import simulation
 
     for t in json.loads(sys.stdin.read()):
         rows = []

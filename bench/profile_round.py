@@ -11,9 +11,10 @@ import argparse
 
 from torch.profiler import ProfilerActivity, profile
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 from hpcfl.bench.workloads import workload
-from hpcfl.comm import world
+from hpcfl.parallel.comm import world
 from hpcfl.config import apply_overrides
 
 

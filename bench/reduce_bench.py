@@ -6,10 +6,10 @@ Each rank adds ``local`` contributions (random rows of ``length`` float64, magni
 varying by up to 10**3 within 16 neighbouring elements and 10**12 over the row) and
 reduces to rank 0, as a round does. Three accumulators:
 
-- ``float``: :class:`hpcfl.comm.FloatSum`, a running float64 sum and one Allreduce;
-- ``exact``: :class:`hpcfl.gridsum.GridSum`, the engine's exact sum (grid fixed from the
+- ``float``: :class:`hpcfl.parallel.comm.FloatSum`, a running float64 sum and one Allreduce;
+- ``exact``: :class:`hpcfl.parallel.gridsum.GridSum`, the engine's exact sum (grid fixed from the
   previous round, O(L) memory);
-- ``rows``: :class:`hpcfl.comm.ExactSum`, the exact sum that keeps every row until the
+- ``rows``: :class:`hpcfl.parallel.comm.ExactSum`, the exact sum that keeps every row until the
   grid is agreed (the engine's before version 0.11).
 
 Times are medians over ``repeat`` rounds after one warm-up round (which also gives
@@ -25,8 +25,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcfl.comm import ExactSum, FloatSum
-from hpcfl.gridsum import GridSum
+from hpcfl.parallel.comm import ExactSum, FloatSum
+from hpcfl.parallel.gridsum import GridSum
 
 
 def fill(acc, row):

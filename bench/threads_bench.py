@@ -5,7 +5,7 @@ backward, update) is timed with 1 and with 2 intra-op threads, the two interleav
 blocks so that both see the same load; the median of the blocks is printed with the
 machine's load average before and after (``os.getloadavg``), since other processes
 change the answer: two threads only pay when both cores are free and each op has enough
-work to split. hpcfl.runtime.pick_threads draws its line from these figures.
+work to split. hpcfl.parallel.runtime.pick_threads draws its line from these figures.
 
     python bench/threads_bench.py                 # every model, about a minute on 2 cores
     python bench/threads_bench.py --models mlp lenet5 --blocks 9
@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from hpcfl import models, options
+from hpcfl import models
+from hpcfl.config import options
 
 # (model, options table, input shape, classes, batch): the shapes of the jobs in jobs/
 CASES = {

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 PAPERS = Path(__file__).resolve().parents[1] / "jobs" / "papers"
 

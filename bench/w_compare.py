@@ -207,7 +207,7 @@ def main() -> int:
 
     # untimed: load the interpreter, torch, mpi4py and hpcfl once so the first timed run
     # does not pay for a cold page cache alone
-    subprocess.run([py, "-c", "import torch, mpi4py.MPI, hpcfl.simulation, hpcfl.cli"], cwd=ROOT, check=True)
+    subprocess.run([py, "-c", "import torch, mpi4py.MPI, hpcfl.engine.simulation, hpcfl.cli"], cwd=ROOT, check=True)
 
     results = {}
     loads = []

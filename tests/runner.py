@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 SMALL = {
     "run": {"name": "t", "seed": 3, "rounds": 3, "eval_every": 1},

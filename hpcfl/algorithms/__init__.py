@@ -170,7 +170,7 @@ class Algorithm:
         that packing reads back, and a :class:`ClientTable` without row access cannot move.
         With none of them, each round's training can be dealt to any rank
         (``runtime.placement = "balanced"``); movable tables then follow their clients
-        (:mod:`hpcfl.placement`).
+        (:mod:`hpcfl.engine.placement`).
         """
         from .protocol import ClientTable, Policy
 
@@ -237,8 +237,8 @@ class Algorithm:
     def pack_into(self, ctx: RoundContext, j: int, slot: int, res, weight: float, out):
         """Write the reduction row of one trained client into ``out`` (L_row,) float64.
 
-        ``out`` is a host array (the host form of the sum, :mod:`hpcfl.gridsum`) or a tensor on
-        the training device (its device form, :mod:`hpcfl.gridsum_torch`); either way the values
+        ``out`` is a host array (the host form of the sum, :mod:`hpcfl.parallel.gridsum`) or a tensor on
+        the training device (its device form, :mod:`hpcfl.parallel.gridsum_torch`); either way the values
         are those of ``float64(delta) * weight``, computed where ``out`` lives, and a policy's
         segment may be given as an array or a tensor. On the device nothing here waits for it:
         scalars are written by ``fill_``, not copied from the host.
@@ -286,7 +286,7 @@ class Algorithm:
     def segments(self, sums) -> tuple[dict, dict]:
         """(segments by name, scalars by name) of the round's reduced sums, (L_row,) float64.
 
-        Host sums give views. Device sums (a tensor, :mod:`hpcfl.gridsum_torch`) give host
+        Host sums give views. Device sums (a tensor, :mod:`hpcfl.parallel.gridsum_torch`) give host
         arrays, each copied from the device once, when a policy first reads it; the same
         object serves the round's server step, controllers and records.
         """

@@ -2,7 +2,7 @@
 
 Every policy (local solver, steps, weights, server rule, and stateful add-ons such as
 SCAFFOLD's control variates) is an object with optional hooks, all no-ops by default
-(:class:`Policy`). The round loop (``hpcfl.simulation.run``) calls them through
+(:class:`Policy`). The round loop (``hpcfl.engine.simulation.run``) calls them through
 :class:`hpcfl.algorithms.Algorithm`, in this order, and never names a policy:
 
 ======================  ==========  =====================================================
@@ -58,7 +58,7 @@ class RowTable:
 
     Rows ``0 .. home - 1`` belong to the rank's own clients and are what checkpoints hold;
     rows after them are guest slots for clients trained here for one round under balanced
-    placement (their rows are fetched from the home rank and sent back, :mod:`hpcfl.placement`).
+    placement (their rows are fetched from the home rank and sent back, :mod:`hpcfl.engine.placement`).
     """
 
     def __init__(self, home: int, width: int, device, dtype):
@@ -127,7 +127,7 @@ class RoundContext:
         Exact reductions and by-client gathers across ranks (no MPI import needed).
     clients : object
         This rank's client data and model for the statistics phase
-        (``hpcfl.simulation.LocalClients``).
+        (``hpcfl.engine.simulation.LocalClients``).
     draws : (k,) or None
         Draw counts under ``with_replacement_merged``; None otherwise.
     weights : (k,) float64

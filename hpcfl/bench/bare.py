@@ -48,8 +48,8 @@ def bare_rounds(job: dict, comm, reverse: bool = False, layers: str = "torch", d
     Phase times wait for the device first (``torch.cuda.synchronize``)."""
     from .. import config, data, models
     from ..algorithms.sampling import Sampler
-    from ..comm import deal
-    from ..runtime import sync
+    from ..parallel.comm import deal
+    from ..parallel.runtime import sync
 
     cfg = config.from_dict(job)
     a = cfg.algorithm

@@ -41,7 +41,8 @@ def peak_rss_mb() -> float:
 
 
 def run_engine(job: dict, comm, threads: int, after_round=None, device: str = "auto") -> dict:
-    from .. import config, simulation
+    from .. import config
+    from ..engine import simulation
 
     job = dict(job, runtime=dict(job.get("runtime", {}), threads=threads, device=device))
     cfg = config.from_dict(job)
@@ -81,15 +82,15 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ..comm import world
+    from ..parallel.comm import world
     from ..config import apply_overrides
     from .workloads import workload
 
     torch.set_num_threads(a.threads)
     comm = world()
     job = apply_overrides(workload(a.workload, a.rounds), a.overrides)
-    from ..comm import node_layout
-    from ..runtime import configure_determinism, pick_device
+    from ..parallel.comm import node_layout
+    from ..parallel.runtime import configure_determinism, pick_device
 
     # the engine's device and determinism for both sides: the bare loop does the same work where the engine does
     configure_determinism(bool(job.get("runtime", {}).get("deterministic", True)))

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from .errors import HpcflError
+from ..errors import HpcflError
 
 EXIT_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     p = argparse.ArgumentParser(prog="hpcfl", description="MPI simulator for federated learning")
     p.add_argument("--version", action="version", version=f"hpcfl {__version__}")
@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
 
 # Commands that live in their own modules: each has add_parser(subparsers) and
 # main(args, comm) -> exit code, and imports nothing heavy at module level.
-EXTERNAL = {"report": "hpcfl.analysis.report", "plot": "hpcfl.analysis.plots", "sweep": "hpcfl.sweep",
-            "config": "hpcfl.config_cmd", "bench": "hpcfl.bench"}
+EXTERNAL = {"report": "hpcfl.analysis.report", "plot": "hpcfl.analysis.plots", "sweep": "hpcfl.cli.sweep",
+            "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench"}
 
 
 def _agree(comm, err: Exception | None) -> None:
@@ -66,7 +66,7 @@ def _agree(comm, err: Exception | None) -> None:
     if bad:
         if comm.rank == 0:
             print(bad[0], file=sys.stderr, flush=True)
-        from .io import rundir
+        from ..io import rundir
 
         rundir.abandon()   # the run will not start: release --out (and remove it if planning created it)
         _exit_all(EXIT_INPUT)
@@ -78,7 +78,7 @@ def _exit_all(code: int) -> None:
     A plain ``sys.exit`` under ``python -m mpi4py`` becomes ``MPI_Abort`` (noisy, and it
     kills the other ranks before they print); since all ranks agreed, finalise cleanly.
     """
-    from .comm import mpi_module
+    from ..parallel.comm import mpi_module
 
     sys.stdout.flush()
     sys.stderr.flush()
@@ -104,9 +104,11 @@ def _plan_run(cfg, out: Path, args) -> Plan:
     Only reads: every path and ownership problem is raised here, before the job's data
     is loaded and long before anything is moved or written (see :func:`_commit`).
     """
-    from . import config, notices, resume
-    from .io import results, rundir
-    from .io.checkpoint import CheckpointStore
+    from .. import config
+    from ..config import notices
+    from ..engine import resume
+    from ..io import results, rundir
+    from ..io.checkpoint import CheckpointStore
 
     ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
     rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
@@ -163,8 +165,8 @@ def _commit(cfg, out: Path, plan: Plan):
 
     Returns (checkpoint store, the set-aside folder or None).
     """
-    from .io import rundir
-    from .io.checkpoint import CheckpointStore
+    from ..io import rundir
+    from ..io.checkpoint import CheckpointStore
 
     try:
         aside = rundir.set_aside(out, plan.replace)
@@ -187,7 +189,7 @@ def cmd_run(args, comm) -> int:
     without a deterministic kernel) releases the ``--out`` lock planning took, so that a caller in
     this process (the next point of ``hpcfl sweep``, tests) can lock its own; the other exits end
     the process, which releases it."""
-    from .io import rundir
+    from ..io import rundir
 
     try:
         return _run(args, comm)
@@ -196,12 +198,14 @@ def cmd_run(args, comm) -> int:
 
 
 def _run(args, comm) -> int:
-    from . import config, notices, resume, signals, simulation
-    from .control import (EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE, RunControl, final_write,
+    from .. import config, signals
+    from ..config import notices
+    from ..engine import resume, simulation
+    from ..engine.control import (EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE, RunControl, final_write,
                           write_failed)
-    from .io.results import ResultsWriter, metric_rows
+    from ..io.results import ResultsWriter, metric_rows
     from .progress import Progress, summary_table
-    from .runtime import NondeterministicOp, versions
+    from ..parallel.runtime import NondeterministicOp, versions
 
     t_start = time.perf_counter()
     err, cfg, setup, out, plan, store, aside = None, None, None, None, None, None, None
@@ -209,8 +213,8 @@ def _run(args, comm) -> int:
         cfg = config.load(args.job, args.overrides)
         out = Path(args.out or Path("runs") / cfg.run.name)
         if not cfg.results.locking:
-            from .io import results as results_io
-            from .io.checkpoint import configure_locking
+            from ..io import results as results_io
+            from ..io.checkpoint import configure_locking
             configure_locking(False)
             results_io.configure(locking=False)
         if comm.rank == 0:
@@ -223,7 +227,7 @@ def _run(args, comm) -> int:
         if comm.rank == 0:
             print("hpcfl: stopped during start-up; nothing was written or changed. Run the same command again to "
                   "start", file=sys.stderr, flush=True)
-        from .io import rundir
+        from ..io import rundir
 
         rundir.abandon()
         _exit_all(EXIT_RESUMABLE)
@@ -350,8 +354,8 @@ def _run(args, comm) -> int:
 def cmd_info(args, comm) -> int:
     import torch
 
-    from .comm import node_layout
-    from .runtime import pick_device, versions
+    from ..parallel.comm import node_layout
+    from ..parallel.runtime import pick_device, versions
 
     local_rank, local_size = node_layout(comm)
     dev = pick_device("auto", local_rank)
@@ -363,7 +367,7 @@ def cmd_info(args, comm) -> int:
         print(f"cuda devices on rank 0's node: {torch.cuda.device_count()}")
         for k, v in versions().items():
             print(f"{k}: {v}")
-        from .models import pool   # compiles the C kernels here if no run has yet (once per machine)
+        from ..models import pool   # compiles the C kernels here if no run has yet (once per machine)
 
         k = pool.kernels()
         if k is None:
@@ -378,9 +382,9 @@ def cmd_info(args, comm) -> int:
 def cmd_partition(args, comm) -> int:
     import dataclasses
 
-    from . import config, data
-    from .analysis import words
-    from .data.preview import heatmap_png, summary
+    from .. import config, data
+    from ..analysis import words
+    from ..data.preview import heatmap_png, summary
 
     if comm.rank != 0:
         return 0
@@ -412,10 +416,10 @@ def cmd_partition(args, comm) -> int:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "run":      # again for the console script, which does not pass through __main__
-        from . import signals
+        from .. import signals
         signals.install()
-    from . import launch
-    from .comm import world
+    from ..parallel import launch
+    from ..parallel.comm import world
 
     comm = world()
     split = launch.split_world(comm.size)

@@ -26,7 +26,7 @@ import types
 import typing
 from dataclasses import dataclass
 
-from .errors import HpcflError
+from ..errors import HpcflError
 
 EXIT_INPUT = 2
 
@@ -102,8 +102,8 @@ def main(args, comm) -> int:
 
 def section_classes() -> dict[str, type]:
     """Section name -> its dataclass, in ``Config.to_dict`` order."""
-    from . import config
-    from .system import SystemOptions
+    from .. import config
+    from ..system import SystemOptions
 
     return {"run": config.RunSection, "data": config.DataSection, "model": config.ModelSection,
             "algorithm": config.AlgorithmSection, "runtime": config.RuntimeSection, "system": SystemOptions,
@@ -118,7 +118,7 @@ def _docline(cls) -> str:
 
 
 def _policy_doc(name: str, cls) -> str:
-    from .algorithms import registry
+    from ..algorithms import registry
 
     slot = next((s for s, reg in registry.SLOTS.items() if name in reg), "policy")
     return f"{slot} = {name!r}: {POLICY_DOCS.get(name) or _docline(cls)}"
@@ -126,8 +126,8 @@ def _policy_doc(name: str, cls) -> str:
 
 def tables() -> dict[str, Table]:
     """Every table a job may hold: the sections, then data.*, model.* and algorithm.* components."""
-    from . import data, models
-    from .algorithms import registry
+    from .. import data, models
+    from ..algorithms import registry
 
     out = {name: Table(name, cls, SECTION_DOCS.get(name, "")) for name, cls in section_classes().items()}
     for kind, reg in (("dataset", data.DATASETS), ("partition", data.PARTITIONS)):
@@ -140,7 +140,7 @@ def tables() -> dict[str, Table]:
 
 def name_choices() -> dict[str, tuple]:
     """Choices of the keys that name a component (registry keys, not field metadata)."""
-    from . import data, models
+    from .. import data, models
 
     return {"data.dataset": tuple(data.DATASETS), "data.partition": tuple(data.PARTITIONS),
             "model.name": tuple(models.MODELS)}
@@ -278,7 +278,8 @@ def table_lines(name: str, obj, doc: str, names: dict) -> list[str]:
 
 def job_text(job, overrides: list[str]) -> str:
     """The resolved job as commented TOML; raises ConfigError for a bad job, HpcflError if it cannot be written."""
-    from . import config, notices
+    from .. import config
+    from ..config import notices
     from .sweep import toml_document
 
     table = config.read_job(job)
@@ -314,7 +315,7 @@ def _check_round_trip(text: str, cfg) -> None:
     """The printed job must read back as the same config; refuse to print a wrong one."""
     import tomllib
 
-    from . import config
+    from .. import config
 
     try:
         same = config.from_dict(tomllib.loads(text)).to_json() == cfg.to_json()

@@ -33,10 +33,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, HpcflError
-from .io import safefs
-# TOML writing lives in hpcfl/tomltext.py; re-exported here, where callers have always found it.
-from .tomltext import _canonical, toml_document, toml_value  # noqa: F401
+from ..errors import ConfigError, HpcflError
+from ..io import safefs
+# TOML writing lives in hpcfl/config/tomltext.py; re-exported here, where callers have always found it.
+from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
 POINT_JOB = "job.toml"
@@ -77,7 +77,7 @@ def read_grid(raw) -> dict:
     """Validate a ``[sweep]`` table; returns {dotted key: list of values} in file order."""
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep must be a table ([sweep] with \"section.key\" = [values...]), found {raw!r}")
-    from .config import flatten   # unquoted dotted keys were grouped by section by TOML
+    from ..config import flatten   # unquoted dotted keys were grouped by section by TOML
 
     grid, problems = flatten(raw), []
     for key, values in grid.items():
@@ -99,7 +99,7 @@ def read_grid(raw) -> dict:
 
 def set_text(key: str, value) -> str:
     """``key=value`` as ``--set`` reads it: the plain value when it parses back the same, else TOML."""
-    from .config import parse_override
+    from ..config import parse_override
 
     plain = f"{key}={value}" if isinstance(value, str) else None
     if plain is not None and parse_override(plain)[1] == value:
@@ -154,7 +154,7 @@ def _digest(text: str) -> str:
 
 def read_job(path) -> tuple[dict, dict]:
     """(the job without ``[sweep]``, its grid); raises when the job has no ``[sweep]`` table."""
-    from . import config
+    from .. import config
 
     table = config.read_job(path)
     if "sweep" not in table:
@@ -165,7 +165,7 @@ def read_job(path) -> tuple[dict, dict]:
 
 
 def _check_overrides(grid: dict, overrides: list[str]) -> None:
-    from .config import parse_override
+    from ..config import parse_override
 
     for text in overrides:
         key = ".".join(parse_override(text)[0])
@@ -194,7 +194,7 @@ def expand(job, overrides: list[str] | None = None, out=None) -> Sweep:
 
     Raises ConfigError naming the first point whose job is invalid, and the problem.
     """
-    from . import config
+    from .. import config
 
     overrides = list(overrides or [])
     base, grid = read_job(job)
@@ -276,7 +276,7 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
     resume from the newest checkpoint, or fresh. Exits other than 0 (2, 3, 75) end the process
     inside ``cmd_run``, on every rank.
     """
-    from . import cli, signals
+    from .. import cli, signals
 
     folder = sweep.out / point.name
     err = None
@@ -296,7 +296,7 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
 
 def _state(path: Path) -> str:
     """The status of a point's results file; "" when there is none or it cannot be read (cmd_run says why)."""
-    from .io import results
+    from ..io import results
 
     try:
         return (results.status(path) or ("",))[0]
@@ -306,7 +306,7 @@ def _state(path: Path) -> str:
 
 def _report(sweep: Sweep) -> str:
     """The summary table over the sweep's folder (every point's run, and any other run put there)."""
-    from .analysis.report import report_text
+    from ..analysis.report import report_text
 
     return report_text([str(sweep.out)], fmt="text")
 
@@ -327,7 +327,7 @@ def add_parser(sub) -> None:
 
 
 def main(args, comm) -> int:
-    from . import cli, signals
+    from .. import cli, signals
 
     signals.install()   # as for hpcfl run: a stop signal from here on is a stop request
     err, sweep, chosen = None, None, ()
@@ -344,7 +344,7 @@ def main(args, comm) -> int:
         if comm.rank == 0:
             print(listing(sweep, args.overrides), flush=True)
         return 0
-    from .control import EXIT_DIVERGED
+    from ..engine.control import EXIT_DIVERGED
 
     for point in chosen:
         code = run_point(sweep, point, comm)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..jit import numba_or_none
+from ..native.jit import numba_or_none
 
 _KERNELS: dict = {}   # kind -> compiled kernel or None, built on first use (compiled once, then numba's cache)
 KINDS = ("logreg", "quadratic", "quadratic_general")

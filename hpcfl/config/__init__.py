@@ -19,11 +19,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .notices import missing_tables
 from .options import build, build_partial
-from .algorithms import registry
-# The sections live in hpcfl/sections.py; re-exported here, where callers have always found them.
+from ..algorithms import registry
+# The sections live in hpcfl/config/sections.py; re-exported here, where callers have always found them.
 from .sections import (LOCAL_SOLVERS, POLICY_SLOTS, PRESETS, RUN_NAME, SAMPLING, SERVER_RULES,  # noqa: F401
                        STEPS_POLICIES, WEIGHTS_POLICIES, AlgorithmSection, CheckpointSection, DataSection,
                        GuardSection, ModelSection, ResultsSection, RunSection, RuntimeSection, WatchdogSection)
@@ -195,7 +195,7 @@ def _split(table: dict, cls) -> tuple[dict, dict]:
 
 def _component(kind: str, name: str, subs: dict, where: str, problems: list[str]):
     """Build the options of component ``name`` from its sub-table."""
-    from . import data, models
+    from .. import data, models
 
     lookup = {"dataset": data.dataset_options, "partition": data.partition_options, "model": models.model_options}
     try:
@@ -241,7 +241,7 @@ def from_dict(table: dict) -> Config:
         alg_table.setdefault("mu", registry.PROX_MU)
     algorithm, alg_bad = build_partial(AlgorithmSection, alg_table, "algorithm", problems)
     runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
-    from .system import SystemOptions
+    from ..system import SystemOptions
 
     system = build(SystemOptions, t.get("system"), "system", problems)
     extra = {name: build(cls, t.get(name), name, problems) for name, cls in
@@ -342,7 +342,7 @@ def resume_changes(old: dict, new: "Config") -> tuple[list[str], str | None]:
     schedule (a new ``run.rounds`` moves fractional milestones) is a problem with the
     exact ``--set`` that keeps the original one.
     """
-    from .algorithms import milestone_rounds
+    from ..algorithms import milestone_rounds
 
     changed = changed_keys(old, new.to_dict())
     if not any(k.startswith("algorithm.lr_") or k == "run.rounds" for k in changed):

@@ -31,7 +31,7 @@ def start_notes(cfg) -> list[str]:
       (``--set run.rounds=100`` on a 1000-round job moves them);
     - FedLGA with no client ever cut short: then it is FedAvg with uniform weights.
     """
-    from .algorithms import milestone_rounds
+    from ..algorithms import milestone_rounds
 
     a, notes = cfg.algorithm, []
     if a.lr_schedule == "step" and a.lr_milestone_rounds is None:
@@ -49,7 +49,7 @@ def start_notes(cfg) -> list[str]:
 
 def describe_changes(old: dict, new, keys: list[str]) -> str:
     """``run.rounds 10 -> 12, runtime.threads 0 -> 1``: changed keys with the stored and the new value."""
-    from .config import _defaults, flatten
+    from . import _defaults, flatten
 
     a, b = flatten(old), flatten(new.to_dict())
     defaults = flatten(_defaults())

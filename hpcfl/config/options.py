@@ -20,7 +20,7 @@ import re
 import types
 import typing
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _UNIONS = (typing.Union, types.UnionType)  # Optional[X] and X | None
 

@@ -1,7 +1,7 @@
 """The job's sections as frozen dataclasses: ``[run] [data] [model] [algorithm] [runtime]
 [checkpoint] [guard] [watchdog] [results]``.
 
-Each field's metadata carries its constraints (see :mod:`hpcfl.options`) and a one-line
+Each field's metadata carries its constraints (see :mod:`hpcfl.config.options`) and a one-line
 ``help`` that ``hpcfl config`` prints. Components chosen by name (datasets, partitions,
 models, policies) declare their own option classes beside their code.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .algorithms import registry
-from .algorithms.sampling import STATIC_WEIGHTS, canonical
+from ..algorithms import registry
+from ..algorithms.sampling import STATIC_WEIGHTS, canonical
 
 LOCAL_SOLVERS = tuple(registry.LOCAL)
 STEPS_POLICIES = tuple(registry.STEPS)

@@ -11,7 +11,7 @@ import math
 import re
 import tomllib
 
-from .errors import HpcflError
+from ..errors import HpcflError
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .signals import stop_requested
+from ..signals import stop_requested
 
 EXIT_GUARD = 3
 EXIT_DIVERGED = 4
@@ -170,8 +170,8 @@ def write_failed(comm, err: Exception | None) -> None:
     """Collective: rank 0's write failed (``err``): it prints why and every rank exits together,
     2 for a results file found damaged, :data:`EXIT_WRITE` for a full disk or another I/O error
     (nothing written before was lost: free space and run again)."""
-    from .cli import EXIT_INPUT, _exit_all
-    from .io.h5check import BadFile
+    from ..cli import EXIT_INPUT, _exit_all
+    from ..io.h5check import BadFile
 
     failed = comm.bcast(None if err is None else (str(err), EXIT_INPUT if isinstance(err, BadFile) else EXIT_WRITE),
                         root=0)
@@ -184,9 +184,9 @@ def write_failed(comm, err: Exception | None) -> None:
 def final_write(write, *args) -> None:
     """Rank 0, after the last round: ``write(*args)``; a full disk ends this rank with :data:`EXIT_WRITE`
     (the others have nothing left to do), results.h5 closed with every round, the checkpoints intact."""
-    from .cli import _exit_all
-    from .errors import HpcflError
-    from .io import rundir
+    from ..cli import _exit_all
+    from ..errors import HpcflError
+    from ..io import rundir
 
     try:
         write(*args)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .client.trainer import evaluate_chunks
-from .comm import ExactSum
+from ..client.trainer import evaluate_chunks
+from ..parallel.comm import ExactSum
 
 
 def evaluate(s, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = None) -> tuple[float, float]:

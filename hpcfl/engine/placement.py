@@ -1,7 +1,7 @@
 """Per-client state that follows its client for one round (``runtime.placement = "balanced"``).
 
 Balanced placement deals each round's training to ranks by expected work
-(:func:`hpcfl.comm.deal`), but per-client state (SCAFFOLD's c_i, FedDyn's gradients) lives
+(:func:`hpcfl.parallel.comm.deal`), but per-client state (SCAFFOLD's c_i, FedDyn's gradients) lives
 on the client's home rank. :class:`Migration` moves it: before training, every home rank
 sends the rows of its clients dealt elsewhere to the rank that trains them, which keeps them
 in guest slots after its own rows (``RowTable``); after training (and packing, which updates

@@ -15,8 +15,8 @@ import json
 
 import numpy as np
 
-from .errors import HpcflError
-from .state import ClientTable, ServerArray
+from ..errors import HpcflError
+from ..state import ClientTable, ServerArray
 
 
 def state_items(s) -> list:
@@ -75,7 +75,7 @@ def check_job(loaded, cfg) -> None:
     The checkpoint's job is its ``meta["config"]`` (the job's canonical JSON), which must hash
     to its manifest's ``config_sha256``; the payload checksum does not cover either.
     """
-    from . import config
+    from .. import config
 
     text = loaded.meta.get("config")
     fix = (f"it is not this run's: remove it from {loaded.path.parent}, choose another --out, or pass --force "

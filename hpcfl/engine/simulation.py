@@ -26,19 +26,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import rng
-from .algorithms import Algorithm
-from .algorithms.policies import epoch_steps
-from .algorithms.protocol import RoundContext
-from .client.trainer import LocalClients, Trainer
-from .comm import Collectives, deal, make_sum, node_layout, owners
-from .config import GuardSection
+from .. import rng
+from ..algorithms import Algorithm
+from ..algorithms.policies import epoch_steps
+from ..algorithms.protocol import RoundContext
+from ..client.trainer import LocalClients, Trainer
+from ..parallel.comm import Collectives, deal, make_sum, node_layout, owners
+from ..config import GuardSection
 from .control import RunControl
-from .errors import ConfigError
+from ..errors import ConfigError
 from .evaluation import evaluate, train_eval_set
-from .params import FlatModel
+from ..params import FlatModel
 from .records import REJECTED, round_records
-from .runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_device, pick_threads,
+from ..parallel.runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_device, pick_threads,
                       sums_device, sync, to_host)
 
 
@@ -66,14 +66,14 @@ class Setup:
     system: object = None  # hpcfl.system.SystemModel when [system] enabled
     block: object = None   # hpcfl.client.block.BlockTrainer when runtime.vectorize chose it
     dealt: bool | None = None   # each round's training dealt to ranks by expected work (set by settle_placement)
-    migration: object = None    # hpcfl.placement.Migration when dealt clients carry per-client state
-    acc: object = None          # the round's sum (hpcfl.gridsum.GridSum or comm.FloatSum), see accumulator()
+    migration: object = None    # hpcfl.engine.placement.Migration when dealt clients carry per-client state
+    acc: object = None          # the round's sum (hpcfl.parallel.gridsum.GridSum or comm.FloatSum), see accumulator()
 
 
 def prepare(cfg, comm) -> Setup:
     """Load data, partition, place clients, build the model and the policies on this rank."""
-    from . import data, models
-    from .models import pool
+    from .. import data, models
+    from ..models import pool
 
     configure_determinism(cfg.runtime.deterministic)   # before CUDA is first touched
     local_rank, local_size = node_layout(comm)
@@ -113,15 +113,15 @@ def prepare(cfg, comm) -> Setup:
     y_train = torch.from_numpy(ds.y_train).to(device=device)
     augment = None
     if ds.augment:
-        from .data.augment import augment_batch
+        from ..data.augment import augment_batch
         augment = augment_batch
     trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
     algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype, sizes)
-    from .client.block import choose_block_trainer
+    from ..client.block import choose_block_trainer
     block = choose_block_trainer(cfg, comm, model, augment, algo.solver.spec, x_train, y_train)
     system = None
     if cfg.system is not None and cfg.system.enabled:
-        from .system import SystemModel
+        from ..system import SystemModel
         item = model.flat.element_size()
         nbytes = model.length * item
         up, down = algo.transfer()          # the policies' extra floats each way (SCAFFOLD: Delta c, c)
@@ -136,7 +136,7 @@ def prepare(cfg, comm) -> Setup:
 
 def accumulator(s: Setup):
     """The training reduction's accumulator, kept for the whole run (buffers reused; the exact
-    sum's grid is run state, checkpointed through :func:`hpcfl.resume.capture`). Built on first
+    sum's grid is run state, checkpointed through :func:`hpcfl.engine.resume.capture`). Built on first
     use, so a policy added after :func:`prepare` is counted in its length."""
     length = s.algo.layout.length
     if s.acc is None or s.acc.length != length:
@@ -206,12 +206,12 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     ``on_round(metrics, clients)`` is called on rank 0 after each round; ``after_round(rnd)`` on
     every rank after it, outside the round's timings (``hpcfl bench --interleave`` runs the
     bare loop's round there). ``x`` and
-    ``sim_time`` continue a resumed run. ``control`` (hpcfl.control.RunControl) gives
+    ``sim_time`` continue a resumed run. ``control`` (hpcfl.engine.control.RunControl) gives
     phases, guards and the stop agreement; ``checkpoint(rounds_done, x, sim_time)`` is a
     collective called at round ends when one is due, on a stop, and after the last round.
 
     Under ``runtime.deterministic``, an operation without a deterministic kernel raises
-    :class:`hpcfl.runtime.NondeterministicOp` (a configuration error) naming it.
+    :class:`hpcfl.parallel.runtime.NondeterministicOp` (a configuration error) naming it.
     """
     try:
         return _rounds(s, on_round, start, sim_time, x, control, checkpoint, after_round)

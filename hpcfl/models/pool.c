@@ -1,6 +1,6 @@
 /* 2 x 2 max pooling, and ReLU then 2 x 2 max pooling, bitwise torch's (see pool.py, pool_kernels.py).
  *
- * Plain C99: hpcfl compiles it once per machine with the C compiler it finds (hpcfl/cc.py)
+ * Plain C99: hpcfl compiles it once per machine with the C compiler it finds (hpcfl/native/cc.py)
  * and calls it through ctypes, which costs milliseconds at start-up where loading the same
  * loops through numba costs most of a second. Every array is a contiguous stack of P planes
  * of H x W (torch's NCHW with P = N * C); an output plane is H/2 x W/2.

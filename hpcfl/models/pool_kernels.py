@@ -5,7 +5,7 @@ pooling with torch's int64 indices), ``relu_pool2x2`` (torch's ReLU, then the sa
 the winner's place in its window as one byte) and ``relu_pool2x2_grad`` (what torch's two
 backward kernels would write). They exist twice, with the same bits: C in ``pool.c`` (vector
 loops on SSE2), compiled once per machine and loaded through ctypes in about a millisecond
-(:mod:`hpcfl.cc`), and numba loops below, which need 0.5-1 s to load per process and run where
+(:mod:`hpcfl.native.cc`), and numba loops below, which need 0.5-1 s to load per process and run where
 no C compiler is found. :func:`kernels` takes the first form that gives torch's bits on a
 small hard input (:func:`_agrees_with_torch`), else None (torch's layers then run).
 """
@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from .. import cc
-from ..jit import numba_or_none
+from ..native import cc
+from ..native.jit import numba_or_none
 
 _KERNELS: list = []   # [namespace of compiled kernels, or None], once resolved
 
@@ -129,7 +129,7 @@ def _numba_kernels():
 
 
 def _c_kernels():
-    """The same kernels from ``pool.c`` through ctypes (:mod:`hpcfl.cc`), or None where it cannot
+    """The same kernels from ``pool.c`` through ctypes (:mod:`hpcfl.native.cc`), or None where it cannot
     be compiled or was built without its vector loops (numba's are then faster)."""
     lib = cc.load(Path(__file__).with_name("pool.c"))
     if lib is None or not lib.hpcfl_pool_simd():
@@ -195,7 +195,7 @@ def kernels():
     ``relu_pool2x2_grad(g, out, pos, dx)`` on contiguous tensors, and ``backend`` ("c" or
     "numba"; the C form also has ``path``, its shared library). Resolved once per process.
 
-    The C form (``pool.c``, see :mod:`hpcfl.cc`) comes first: it loads in about a millisecond
+    The C form (``pool.c``, see :mod:`hpcfl.native.cc`) comes first: it loads in about a millisecond
     once compiled, where numba's load takes 0.5-1 s, and its vector loops are as fast or
     faster. Either form must give torch's bits on a small hard input before it is used
     (:func:`_agrees_with_torch`); the engine loads them before round 1 when the model trains

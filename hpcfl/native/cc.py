@@ -64,7 +64,7 @@ def key(source: bytes, cc: list[str]) -> str:
 
 def cache_folder() -> Path:
     """``kernels/`` in hpcfl's cache folder (the one the dataset cache's ``"auto"`` uses)."""
-    from .data.cache import cache_root
+    from ..data.cache import cache_root
 
     return cache_root("auto") / "kernels"
 

@@ -1,7 +1,7 @@
 """MPI communication: client placement, exact and plain sum reductions, broadcast.
 
 Everything takes a ``comm`` argument; one process is simply ``comm.size == 1``. mpi4py
-itself is imported only by :mod:`hpcfl.mpi` (re-exported here as :func:`world` and
+itself is imported only by :mod:`hpcfl.parallel.mpi` (re-exported here as :func:`world` and
 :func:`mpi_module`).
 
 Exact reduction
@@ -27,7 +27,7 @@ that element. Elements where every contribution is zero stay exactly zero.
 The price is memory: a rank holds its contributions until the grid is agreed
 (local contributions x L x 8 bytes). So ExactSum serves the policies' statistics sums
 (:class:`Collectives`), whose rows are at hand anyway; the round's training reduction uses
-:class:`hpcfl.gridsum.GridSum`, which fixes the grid before the round and needs O(L).
+:class:`hpcfl.parallel.gridsum.GridSum`, which fixes the grid before the round and needs O(L).
 ``reduce = "float"`` keeps one running float64 sum instead and reduces it with a plain
 ``Allreduce(SUM)``: cheaper, but not bitwise reproducible across rank counts.
 """
@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .mpi import mpi_module, world  # noqa: F401  (re-exported: the engine's one import of MPI)
 
 
@@ -254,9 +254,9 @@ class FloatSum:
 def make_sum(mode: str, length: int, spans=None, device=None):
     """The training reduction's accumulator for ``runtime.reduce`` = "exact" or "float".
 
-    "exact" is :class:`hpcfl.gridsum.GridSum` (O(L) memory, grid fixed before the round);
+    "exact" is :class:`hpcfl.parallel.gridsum.GridSum` (O(L) memory, grid fixed before the round);
     :class:`ExactSum` serves sums whose rows are all at hand (:meth:`Collectives.sum`).
-    With a ``device`` (a torch device), their device forms (:mod:`hpcfl.gridsum_torch`):
+    With a ``device`` (a torch device), their device forms (:mod:`hpcfl.parallel.gridsum_torch`):
     rows written and summed there, the same bits.
     """
     if device is not None:

@@ -1,6 +1,6 @@
 """Exact, order-independent sum of the round's contributions in O(L) memory per rank.
 
-:class:`hpcfl.comm.ExactSum` picks each element's fixed-point grid from the largest
+:class:`hpcfl.parallel.comm.ExactSum` picks each element's fixed-point grid from the largest
 contribution of *this* round, so a rank keeps every contribution until all have been
 seen (contributions x L x 8 bytes). :class:`GridSum` fixes the grid *before* the round
 instead, from the largest values of the previous round, and folds each contribution into
@@ -45,9 +45,9 @@ import math
 
 import numpy as np
 
-from .jit import numba_or_none
+from ..native.jit import numba_or_none
 from .mpi import mpi_module
-from .state import ServerArray
+from ..state import ServerArray
 
 BLOCK_BITS = 4                 # 16 elements share a grid exponent
 BLOCK = 1 << BLOCK_BITS
@@ -75,7 +75,7 @@ def limb_bits(total: int) -> int:
 
 def _deposit_numpy(row, starts, scale, s_bits, lo, hi, top, bmax):
     """Reference deposit (numpy, several passes); bitwise equal to the compiled kernel and to
-    :mod:`hpcfl.gridsum_torch`'s.
+    :mod:`hpcfl.parallel.gridsum_torch`'s.
 
     Returns ``max |h|`` over the row, or NaN if the row holds NaN or Inf; the caller
     checks it (the limbs are then not to be used).
@@ -254,7 +254,7 @@ class GridSum:
     about L/16 block values, whatever the number of contributions.
 
     This class keeps its buffers in host memory (numpy, the compiled kernels where numba is
-    there); :class:`hpcfl.gridsum_torch.TorchGridSum` keeps them on a torch device, with the
+    there); :class:`hpcfl.parallel.gridsum_torch.TorchGridSum` keeps them on a torch device, with the
     same grid, the same limbs and the same bits. The grid (:meth:`reset`), the agreement on
     limbs and the range check (:meth:`reduce`) are this class's for both.
 

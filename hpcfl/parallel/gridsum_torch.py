@@ -1,4 +1,4 @@
-"""The exact sum on a torch device: :class:`hpcfl.gridsum.GridSum`'s grid and limbs, in torch.
+"""The exact sum on a torch device: :class:`hpcfl.parallel.gridsum.GridSum`'s grid and limbs, in torch.
 
 On a GPU the round's contributions are made on the device; copying each one to the host
 to fold it into the limbs there costs more than the training (VGG-11, 16 clients: 1.8 s a
@@ -44,7 +44,7 @@ COMPILE_FROM = 1 << 20   # CUDA rows this long are folded by the fused (compiled
 
 
 class TorchGridSum(GridSum):
-    """:class:`hpcfl.gridsum.GridSum` with its row and limbs on ``device`` (same protocol, same bits).
+    """:class:`hpcfl.parallel.gridsum.GridSum` with its row and limbs on ``device`` (same protocol, same bits).
 
     :meth:`claim` returns a (L,) float64 tensor on the device; :meth:`reduce` returns the sums
     as a (L,) float64 tensor on the device (on ``root``).
@@ -52,7 +52,7 @@ class TorchGridSum(GridSum):
     Parameters
     ----------
     length, spans
-        As for :class:`~hpcfl.gridsum.GridSum`.
+        As for :class:`~hpcfl.parallel.gridsum.GridSum`.
     device : torch.device
     """
 
@@ -149,7 +149,7 @@ class TorchGridSum(GridSum):
 
 
 def deposit(row, scale_e, s_bits: int, lo, hi, top, amax, f1, f2) -> None:
-    """Fold ``row`` into the limbs: the host form's arithmetic (:func:`hpcfl.gridsum._deposit_numpy`).
+    """Fold ``row`` into the limbs: the host form's arithmetic (:func:`hpcfl.parallel.gridsum._deposit_numpy`).
 
     Parameters
     ----------
@@ -217,7 +217,7 @@ def _block_pieces(starts: np.ndarray) -> list:
     """Functions that take the (L,) element maxima to their blocks' maxima, in block order.
 
     Blocks are runs of 16 inside segments (plus a shorter last one) or single elements
-    (:func:`hpcfl.gridsum.block_starts`): each run of equal-size blocks is one reshape and one
+    (:func:`hpcfl.parallel.gridsum.block_starts`): each run of equal-size blocks is one reshape and one
     ``amax``, so a round's reduction takes a few operations, not one per block.
     """
     sizes = np.diff(starts)
@@ -290,7 +290,7 @@ def exact_float(lo, hi, top, s_bits: int) -> torch.Tensor:
 class TorchFloatSum:
     """``runtime.reduce = "float"`` on a torch device: a running float64 sum and ``Allreduce(SUM)``.
 
-    Same protocol as :class:`hpcfl.comm.FloatSum`; NaN and Inf are refused at :meth:`reduce`
+    Same protocol as :class:`hpcfl.parallel.comm.FloatSum`; NaN and Inf are refused at :meth:`reduce`
     (the running sum holds them), and the sum travels to the host only for MPI.
     """
 

@@ -1,8 +1,8 @@
 """The one place (with the CLI's entry) that imports mpi4py, and only when called.
 
 Everything else takes a ``comm`` argument; the collectives' constants (``MPI.SUM``,
-``MPI.IN_PLACE``, ...) come from :func:`mpi_module`. Kept apart from :mod:`hpcfl.comm` so
-that the exact sum (:mod:`hpcfl.gridsum`), which :mod:`hpcfl.comm` builds, can reach MPI
+``MPI.IN_PLACE``, ...) come from :func:`mpi_module`. Kept apart from :mod:`hpcfl.parallel.comm` so
+that the exact sum (:mod:`hpcfl.parallel.gridsum`), which :mod:`hpcfl.parallel.comm` builds, can reach MPI
 without importing it back: no import circle.
 """
 

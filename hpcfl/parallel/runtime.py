@@ -9,7 +9,7 @@ import platform
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 CUBLAS_CONFIG = ":4096:8"   # cuBLAS's documented setting for deterministic results with several streams
@@ -104,7 +104,7 @@ def pick_threads(configured: int, ranks_on_node: int, num_params: int | None = N
 
 def sums_device(device: torch.device):
     """Where the round's contributions are summed: ``device`` when it is not the CPU (the device
-    form of the exact sum, :mod:`hpcfl.gridsum_torch`), else None (the host form, compiled).
+    form of the exact sum, :mod:`hpcfl.parallel.gridsum_torch`), else None (the host form, compiled).
 
     ``HPCFL_DEVICE_SUMS=1`` takes the device form on the CPU too: the GPU path's code, tested on a
     machine without one (same bits as the host form).
@@ -157,7 +157,7 @@ def versions() -> dict:
     import numpy
     from mpi4py import MPI
 
-    from . import __version__
+    from .. import __version__
 
     return {
         "hpcfl": __version__,

@@ -10,7 +10,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 PARTITIONS = {
     "iid": ("iid", {}),

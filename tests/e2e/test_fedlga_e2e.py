@@ -21,7 +21,7 @@ from runner import run_memory, run_parallel
 
 from hpcfl.analysis import runs
 from hpcfl.results import load
-from hpcfl.tomltext import toml_document
+from hpcfl.config.tomltext import toml_document
 
 # The digits fixture runs ten 100-round jobs, two at a time: over pytest-timeout's 300 s when the machine is
 # shared (the Slurm tests beside it), and a timeout in a fixture takes the whole xdist worker down.

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from clirun import ROOT
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 from hpcfl.algorithms import registry
-from hpcfl.comm import world
+from hpcfl.parallel.comm import world
 
 QUICKSTART = ROOT / "jobs" / "quickstart.toml"
 

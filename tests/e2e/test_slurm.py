@@ -295,7 +295,7 @@ def test_settings_are_valid_config(stand, name):
     assert p.returncode == 0, p.output
     prog = stand.srun_split()[1]
     if name == "array_sweep":   # task 3 runs point 3 of the sweep job
-        from hpcfl import sweep
+        from hpcfl.cli import sweep
 
         point = sweep.expand(ROOT / prog[2], set_pairs(prog)).points[int(prog[prog.index("--only") + 1])]
         cfg = config.from_dict(point.table)

@@ -273,7 +273,7 @@ def test_scancel_term_checkpoints_and_a_resubmission_resumes(cluster, work, quic
 def test_array_tasks_run_their_own_points(cluster, work):
     """array_sweep.sbatch over the quickstart sweep (3 rounds a point): --array=0-5 as shipped,
     task i runs point i (its algorithm and seed), and hpcfl report shows all 6 finished."""
-    from hpcfl import sweep
+    from hpcfl.cli import sweep
     from hpcfl.results import load
 
     job = work.job_file("sweep.toml", SWEEP, rounds=3)

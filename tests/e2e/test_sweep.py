@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from clirun import ROOT, assert_same_run, hpcfl, kill_group, start
-from hpcfl import sweep
+from hpcfl.cli import sweep
 from hpcfl.config import RUN_NAME
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.results import load

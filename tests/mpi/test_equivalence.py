@@ -161,7 +161,8 @@ def test_placements_agree_with_each_other():
 @pytest.mark.mpi(min_size=2)
 def test_balanced_placement_deals_each_round_and_pins_stateful_algorithms(capsys):
     """Dealt training covers every cohort member once, with even shares; SCAFFOLD's rows stay home."""
-    from hpcfl import config, simulation
+    from hpcfl import config
+    from hpcfl.engine import simulation
 
     comm = MPI.COMM_WORLD
     s = simulation.prepare(config.from_dict(job(**{"run.rounds": 4})), comm)
@@ -205,7 +206,8 @@ def test_balanced_placement_deals_each_round_and_pins_stateful_algorithms(capsys
 def test_per_client_state_follows_dealt_clients_bitwise(name, capsys):
     """SCAFFOLD's c_i and FedDyn's gradients travel to the rank that trains the client and back:
     rows do move, and the run (model, records and the final tables) equals the 1-rank run bit for bit."""
-    from hpcfl import config, resume, simulation
+    from hpcfl import config
+    from hpcfl.engine import resume, simulation
 
     comm = MPI.COMM_WORLD
     table = job(**{"algorithm.name": name, "run.rounds": 5, "algorithm.clients_per_round": 5})

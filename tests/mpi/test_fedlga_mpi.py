@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 from runner import job, run_memory
 
-from hpcfl.comm import owners
+from hpcfl.parallel.comm import owners
 
 # 3 rounds, 5 of 7 clients a round, 3 of them slow with tau = 2 (one epoch of two): the slow
 # clients are held on their rank, corrected there after the Dbar reduction (rank1), or keep

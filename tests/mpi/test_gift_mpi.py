@@ -17,11 +17,12 @@ import pytest
 from mpi4py import MPI
 from runner import run_memory
 
-from hpcfl import comm as hcomm
-from hpcfl import config, data, simulation
+from hpcfl.parallel import comm as hcomm
+from hpcfl import config, data
+from hpcfl.engine import simulation
 from hpcfl.algorithms import SCALARS
 from hpcfl.algorithms.tau_control import GiftController
-from hpcfl.gridsum import GridSum
+from hpcfl.parallel.gridsum import GridSum
 
 # Ten noisy heterogeneous quadratics; the clock keeps the 4 earliest reports (ceil(0.4 * 10)) out of
 # all ten, with exponential delays, so the reporters change from round to round. lr 0.2 and short
@@ -134,7 +135,7 @@ def test_E2_one_training_reduction_per_round_and_idle_ranks_send_zeros(monkeypat
     L + P + len(SCALARS) (here L = P = 4 quadratic coordinates and GIFT's one segment |u|): one
     Allreduce of its block exponents (MAX; segments this short have one block per element, so
     it has that length too) and one SUM per limb in use
-    (hpcfl.gridsum.GridSum: one limb on a predicted grid, more in the first round), with no
+    (hpcfl.parallel.gridsum.GridSum: one limb on a predicted grid, more in the first round), with no
     policy collective. Broadcasts per round: the model (L values) and the tau controller's
     scalars (tau, iterations, then GiftController's 10 named scalars and its o + 1 = 11 C values:
     23); the EMA pools (2P) stay on rank 0. Evaluation (last round only, eval_every = 0) reduces 4

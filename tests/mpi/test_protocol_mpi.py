@@ -11,7 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from protocol_probe import Probe  # noqa: E402
 from runner import job  # noqa: E402
 
-from hpcfl import config, resume, simulation  # noqa: E402
+from hpcfl import config  # noqa: E402
+from hpcfl.engine import resume, simulation  # noqa: E402
 
 
 def probe_run(table, comm):

@@ -13,7 +13,7 @@ from hpcfl.algorithms.policies import EpochSteps, FixedSteps, SizeWeights, Unifo
 from hpcfl.algorithms.server import ServerOptimizer
 from hpcfl.algorithms.variates import Scaffold
 from hpcfl.client.trainer import ClientResult
-from hpcfl.comm import ExactSum
+from hpcfl.parallel.comm import ExactSum
 from hpcfl.config import AlgorithmSection
 
 D = torch.float64

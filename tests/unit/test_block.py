@@ -232,7 +232,8 @@ def test_auto_picks_blocks_by_rule_vmapped_models_on_a_gpu(monkeypatch, capsys):
 
     from mpi4py import MPI
 
-    from hpcfl import config, simulation
+    from hpcfl import config
+    from hpcfl.engine import simulation
     from hpcfl.client import block as blk
     from runner import job
 

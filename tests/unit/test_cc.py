@@ -1,4 +1,4 @@
-"""hpcfl.cc: C kernels compiled once per machine into the cache folder, loaded through ctypes."""
+"""hpcfl.native.cc: C kernels compiled once per machine into the cache folder, loaded through ctypes."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hpcfl import cc
+from hpcfl.native import cc
 from hpcfl.models import pool, pool_kernels
 
 needs_cc = pytest.mark.skipif(cc.compiler() is None, reason="no C compiler on this machine")

@@ -1,4 +1,4 @@
-"""Exact, order-independent reduction (hpcfl.comm.ExactSum) and client placement."""
+"""Exact, order-independent reduction (hpcfl.parallel.comm.ExactSum) and client placement."""
 
 from fractions import Fraction
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcfl.comm import ExactSum, FloatSum, deal, dequantize, fixed_point_bits, owners
+from hpcfl.parallel.comm import ExactSum, FloatSum, deal, dequantize, fixed_point_bits, owners
 from hpcfl.errors import ConfigError
 
 ROWS = np.array(

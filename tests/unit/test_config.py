@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from hpcfl import config, notices
+from hpcfl import config
+from hpcfl.config import notices
 from hpcfl.errors import ConfigError
 
 BASE = {

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcfl import cli, config, config_cmd, data, models
+from hpcfl import cli, config, data, models
+from hpcfl.cli import config_cmd
 from hpcfl.algorithms import registry
 from hpcfl.errors import ConfigError
 from hpcfl.system import SystemOptions

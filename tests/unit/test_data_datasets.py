@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from hpcfl import options
+from hpcfl.config import options
 from hpcfl.data import dataset_options, load_dataset, load_labels
 from hpcfl.errors import ConfigError
 

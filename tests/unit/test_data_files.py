@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from hpcfl import options
+from hpcfl.config import options
 from hpcfl.data import dataset_options, load_dataset
 from hpcfl.data.files import read_idx, read_pickle
 from hpcfl.errors import ConfigError, DataError

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hpcfl import options
+from hpcfl.config import options
 from hpcfl.data import (
     DATASETS, PARTITIONS, class_counts, dataset_options, load_dataset, make_partition, partition_options,
 )

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcfl import options
+from hpcfl.config import options
 from hpcfl.data import dataset_options, load_dataset, load_labels, speech
 from hpcfl.errors import ConfigError, DataError
 from runner import job, run_memory

@@ -8,8 +8,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpcfl import cli, config, runtime, simulation
-from hpcfl.runtime import CUBLAS_CONFIG, NondeterministicOp, configure_determinism
+from hpcfl import cli, config
+from hpcfl.parallel import runtime
+from hpcfl.engine import simulation
+from hpcfl.parallel.runtime import CUBLAS_CONFIG, NondeterministicOp, configure_determinism
 from runner import job
 
 

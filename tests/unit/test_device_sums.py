@@ -11,9 +11,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpcfl import config, simulation
-from hpcfl.gridsum import GridSum
-from hpcfl.gridsum_torch import TorchFloatSum, TorchGridSum
+from hpcfl import config
+from hpcfl.engine import simulation
+from hpcfl.parallel.gridsum import GridSum
+from hpcfl.parallel.gridsum_torch import TorchFloatSum, TorchGridSum
 from runner import job, run_memory
 
 LGA = {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "algorithm.local_steps": 0,

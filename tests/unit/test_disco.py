@@ -11,7 +11,7 @@ import pytest
 
 from hpcfl.algorithms.disco import DiscoOptions, discrepancy, disco_weights, target_distribution
 from hpcfl.errors import ConfigError
-from hpcfl.options import build
+from hpcfl.config.options import build
 
 TOL = 1e-7
 CASES = 250

@@ -4,7 +4,8 @@ import numpy as np
 from mpi4py import MPI
 from runner import job, run_memory
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 
 def test_fednova_with_disco_uses_tau_eff_sum_p_tau():

@@ -12,7 +12,8 @@ import pytest
 from mpi4py import MPI
 from runner import job
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 from hpcfl.errors import ConfigError
 
 ALPHA, LR, STEPS = 0.5, 0.1, 3

@@ -2,7 +2,7 @@
 
 Two ways in: :func:`hpcfl.algorithms.fedlga.correct` (one slow client's approximated full
 update), and the engine path, where a real :class:`hpcfl.algorithms.Algorithm` runs the round
-hooks on hand-made client results exactly as ``hpcfl.simulation.run`` does (pack the complete
+hooks on hand-made client results exactly as ``hpcfl.engine.simulation.run`` does (pack the complete
 clients, hold the slow ones, release, pack the held ones, one exact sum, ``server_step``).
 
 Notation (as in hpcfl/algorithms/fedlga.py): D_i = x_i - x^t, S_i the steps run, Dbar the complete
@@ -30,7 +30,7 @@ from hpcfl.algorithms import Algorithm
 from hpcfl.algorithms.fedlga import LgaOptions, correct
 from hpcfl.algorithms.protocol import RoundContext
 from hpcfl.client.trainer import ClientResult
-from hpcfl.comm import Collectives, ExactSum
+from hpcfl.parallel.comm import Collectives, ExactSum
 
 VARIANTS = ("C_pseudo", "B_alg1", "A_table1")
 SIGNS = {"C_pseudo": (-1.0, 1.0), "B_alg1": (1.0, -1.0), "A_table1": (1.0, 1.0)}    # (beta, sigma)
@@ -68,7 +68,7 @@ def engine_round(w, deltas, steps, full_steps, lr, eta_g=1.0, **algorithm):
     results = [ClientResult(torch.tensor(d, dtype=torch.float64), int(s), float(s), 0.0, 0)   # SGD: ||a||_1 = S
                for d, s in zip(deltas, steps)]
     acc, held = ExactSum(algo.layout.length), []
-    for j in range(k):                     # hpcfl.simulation.run, phases 3-5
+    for j in range(k):                     # hpcfl.engine.simulation.run, phases 3-5
         if algo.holds(ctx, j):
             held.append((j, j, results[j]))
             continue

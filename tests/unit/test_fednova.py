@@ -28,7 +28,8 @@ import torch
 from mpi4py import MPI
 from runner import run_memory, run_parallel
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 from hpcfl.algorithms.local import LocalSolver, SolverSpec
 from hpcfl.algorithms.policies import ClientSteps, ClientStepsOptions, RandomEpochsOptions, RandomEpochSteps
 from hpcfl.algorithms.protocol import Policy

@@ -19,7 +19,8 @@ import pytest
 from mpi4py import MPI
 from runner import run_parallel
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 M, DIM = 30, 20
 BASE = {

@@ -153,7 +153,7 @@ def test_tau_policies_start_from_local_epochs_worth_without_tau0():
     """local_steps unset: tau0 = round(mean_i E ceil(n_i / B)) with the job's E = 1, B = 16."""
     from mpi4py import MPI
 
-    from hpcfl import simulation
+    from hpcfl.engine import simulation
 
     for name in ("gift", "adacomm", "afl"):
         setup = simulation.prepare(config.from_dict(job(**{"algorithm.name": name, "algorithm.local_steps": 0})),
@@ -166,7 +166,7 @@ def test_afl_without_clock_counts_time_in_local_iterations():
     trial; one of the two given alone is refused, naming both keys."""
     from mpi4py import MPI
 
-    from hpcfl import simulation
+    from hpcfl.engine import simulation
 
     table = job(**{"algorithm.name": "afl", "algorithm.local_steps": 4, "run.rounds": 12})
     setup = simulation.prepare(config.from_dict(table), MPI.COMM_SELF)

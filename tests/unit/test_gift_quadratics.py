@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from runner import run_parallel
 
-from hpcfl import options
+from hpcfl.config import options
 from hpcfl.data.quadratic import QuadraticOptions, load_quadratic
 
 D_DATA = {"dim": 200, "num_clients": 20, "std": 5.0, "curvature_low": 0.1, "curvature_high": 2.0, "noise": 0.5,

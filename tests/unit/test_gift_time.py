@@ -24,7 +24,7 @@ from runner import run_memory
 from hpcfl import config
 from hpcfl.analysis.runs import first_reaching
 from hpcfl.errors import ConfigError
-from hpcfl.options import build
+from hpcfl.config.options import build
 from hpcfl.system import DEADLINE, LATE, OK, SystemModel, SystemOptions
 from hpcfl.system.config import CALIBRATED_COMPUTE_S
 

@@ -1,4 +1,4 @@
-"""The engine's exact reduction (hpcfl.gridsum.GridSum): values, order independence, limbs, state."""
+"""The engine's exact reduction (hpcfl.parallel.gridsum.GridSum): values, order independence, limbs, state."""
 
 from fractions import Fraction
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcfl import gridsum
-from hpcfl.gridsum import BLOCK, DEFAULT_TOP, HEADROOM, GridSum, block_starts, limb_bits
+from hpcfl.parallel import gridsum
+from hpcfl.parallel.gridsum import BLOCK, DEFAULT_TOP, HEADROOM, GridSum, block_starts, limb_bits
 
 ROWS = np.array(
     [

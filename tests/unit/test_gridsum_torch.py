@@ -1,4 +1,4 @@
-"""The exact sum's device form (hpcfl.gridsum_torch) against the host form (hpcfl.gridsum), bit for bit.
+"""The exact sum's device form (hpcfl.parallel.gridsum_torch) against the host form (hpcfl.parallel.gridsum), bit for bit.
 
 Run here on CPU tensors: the device form is the same torch code on a GPU, where
 bench/gpu_check.sh runs its bitwise checks again (and the fused CUDA kernel checks itself).
@@ -11,11 +11,11 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpcfl import gridsum
-from hpcfl.gridsum import BLOCK, GridSum
-from hpcfl.gridsum_torch import (TorchFloatSum, TorchGridSum, _deposit_fusable, checked_fusion, deposit,
+from hpcfl.parallel import gridsum
+from hpcfl.parallel.gridsum import BLOCK, GridSum
+from hpcfl.parallel.gridsum_torch import (TorchFloatSum, TorchGridSum, _deposit_fusable, checked_fusion, deposit,
                                  exact_float)
-from hpcfl.comm import FloatSum
+from hpcfl.parallel.comm import FloatSum
 
 SPANS = [(0, 150), (150, 190), (190, 203)]   # a long segment (blocks of 16 and a short one) and short ones
 L = 203

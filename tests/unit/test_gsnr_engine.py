@@ -112,7 +112,8 @@ def test_scaffold_control_variate_uses_each_clients_own_steps():
 
 def test_gsnr_without_a_budget_takes_local_epochs_worth():
     """local_steps unset: E_const = round(mean_i E ceil(n_i / B)), E = 1, B = 16 (the job's)."""
-    from hpcfl import config, simulation
+    from hpcfl import config
+    from hpcfl.engine import simulation
     from hpcfl.algorithms.registry import epochs_worth
 
     cfg = config.from_dict(job(**{"algorithm.name": "fedgsnr", "algorithm.local_steps": 0}))

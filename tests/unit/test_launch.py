@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcfl import launch
+from hpcfl.parallel import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 

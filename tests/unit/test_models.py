@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from hpcfl import options
+from hpcfl.config import options
 from hpcfl.errors import ConfigError
 from hpcfl.models import MODELS, ModelSpec, build_model, model_options
 

@@ -3,7 +3,8 @@
 from mpi4py import MPI
 from runner import job, run_memory
 
-from hpcfl import comm, simulation
+from hpcfl.parallel import comm
+from hpcfl.engine import simulation
 
 
 def calls_of(table, monkeypatch):

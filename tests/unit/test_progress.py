@@ -3,7 +3,7 @@
 import math
 import sys
 
-from hpcfl.progress import Progress, clock, divergence_warning, summary_table
+from hpcfl.cli.progress import Progress, clock, divergence_warning, summary_table
 
 NAN = math.nan
 
@@ -47,7 +47,7 @@ def test_progress_line_shows_tau_elapsed_and_time_left(capsys, monkeypatch):
     """Rounds 4 and 5 of 10 after a resume at round 3: the clock reads 0, 4 and 10 s, so round
     4 has taken 4 s for 1 round (6 left: 24 s) and round 5 10 s for 2 (5 left: 25 s)."""
     now = iter([0.0, 4.0, 10.0])
-    monkeypatch.setattr("hpcfl.progress.time.perf_counter", lambda: next(now))
+    monkeypatch.setattr("hpcfl.cli.progress.time.perf_counter", lambda: next(now))
     p = Progress(10, "line", start=3)
     for r in (4, 5):
         p.update({**rows([0.5], [1.0])[0], "round": r, "tau_used": 12})

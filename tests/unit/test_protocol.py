@@ -5,7 +5,8 @@ from mpi4py import MPI
 from protocol_probe import Probe
 from runner import job
 
-from hpcfl import config, resume, simulation
+from hpcfl import config
+from hpcfl.engine import resume, simulation
 
 
 def probe_run(table, comm=MPI.COMM_SELF, rounds=None):

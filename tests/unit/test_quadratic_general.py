@@ -14,7 +14,7 @@ import torch
 from mpi4py import MPI
 from runner import run_memory
 
-from hpcfl import options
+from hpcfl.config import options
 from hpcfl.data.quadratic import QuadraticOptions, load_quadratic
 from hpcfl.errors import ConfigError
 from hpcfl.models import build_model

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hpcfl.control import RunControl
+from hpcfl.engine.control import RunControl
 from hpcfl.config import GuardSection
 from hpcfl.errors import HpcflError
 from hpcfl.io import rundir
@@ -170,7 +170,8 @@ def test_existing_results_refuses_links_and_foreign_files(tmp_path, victim):
 def test_a_checkpoint_of_another_job_is_never_resumed_from(tmp_path):
     from types import SimpleNamespace
 
-    from hpcfl import config, resume
+    from hpcfl import config
+    from hpcfl.engine import resume
 
     job = tmp_path / "job.toml"
     job.write_text("[run]\nseed = 1\nrounds = 4\n[data]\ndataset = \"digits\"\n[model]\nname = \"mlp\"\n")

@@ -2,7 +2,7 @@
 
 import os
 
-from hpcfl.runtime import SMALL_MODEL_PARAMS, pick_threads
+from hpcfl.parallel.runtime import SMALL_MODEL_PARAMS, pick_threads
 
 
 def test_threads_from_the_models_size(monkeypatch):

@@ -16,7 +16,7 @@ from runner import job, run_memory
 from hpcfl import config
 from hpcfl.algorithms.sampling import Sampler
 from hpcfl.errors import ConfigError
-from hpcfl.sections import AlgorithmSection
+from hpcfl.config.sections import AlgorithmSection
 
 STATIC = np.array([1.0, 2.0, 3.0, 4.0])   # sampling probabilities p = (0.1, 0.2, 0.3, 0.4)
 

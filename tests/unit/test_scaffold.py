@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 
 TWO = {
     "run": {"seed": 0, "rounds": 3, "eval_every": 0},

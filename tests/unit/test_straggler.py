@@ -17,7 +17,8 @@ from mpi4py import MPI
 from runner import job, run_memory
 from test_policy_traffic import calls_of
 
-from hpcfl import cli, config, simulation
+from hpcfl import cli, config
+from hpcfl.engine import simulation
 from hpcfl.algorithms.local import LocalSolver, SolverSpec
 from hpcfl.algorithms.sampling import Sampler, sample_cohort
 from hpcfl.algorithms.straggler import StragglerOptions, StragglerSteps

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hpcfl.errors import ConfigError
-from hpcfl.options import build
+from hpcfl.config.options import build
 from hpcfl.system import (
     DEADLINE,
     LATE,

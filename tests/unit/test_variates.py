@@ -14,7 +14,8 @@ import pytest
 from mpi4py import MPI
 from runner import run_memory
 
-from hpcfl import config, simulation
+from hpcfl import config
+from hpcfl.engine import simulation
 from hpcfl.algorithms.protocol import ClientTable, ServerArray
 from hpcfl.algorithms.variates import VarianceReduction
 
