@@ -260,12 +260,13 @@ def test_stop_signal_during_a_later_point_checkpoints_and_exits_75(tmp_path):
 
 def test_a_finished_points_watchdog_does_not_abort_the_next(tmp_path):
     """watchdog.timeout_s = 2: a watchdog left running after point 0 (2 rounds) would abort the
-    process at most 3.5 s later (2 s, its 0.5 s wake-up, its 1 s pause), during point 1 (120 rounds)."""
-    job = sweep_job(tmp_path, '"run.rounds" = [2, 120]')
+    process at most 3.5 s later (2 s, its 0.5 s wake-up, its 1 s pause), during point 1 (500 rounds:
+    about 10 s on an idle 2-core machine; 120 rounds took 2.4 s there, too short to catch a leak)."""
+    job = sweep_job(tmp_path, '"run.rounds" = [2, 500]')
     out = tmp_path / "out"
     p = hpcfl("sweep", str(job), "--out", str(out), "--set", "watchdog.timeout_s=2")
     assert p.returncode == 0, p.stderr
     assert "watchdog" not in p.stderr
-    assert [load(out / n).attrs["status"] for n in ("rounds-2", "rounds-120")] == ["finished", "finished"]
-    ends = [(out / n / "results.h5").stat().st_mtime for n in ("rounds-2", "rounds-120")]
+    assert [load(out / n).attrs["status"] for n in ("rounds-2", "rounds-500")] == ["finished", "finished"]
+    ends = [(out / n / "results.h5").stat().st_mtime for n in ("rounds-2", "rounds-500")]
     assert ends[1] - ends[0] > 3.5, "point 1 too short to catch a leaked watchdog: raise its run.rounds"
