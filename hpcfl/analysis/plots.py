@@ -14,7 +14,6 @@ round r's row holds the metrics after r rounds).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +25,6 @@ from .heatmap import MAX_HEATMAP_ROWS, client_heatmap_png, client_matrix  # noqa
 from .heatmap import client_unit as _client_unit  # noqa: F401
 
 BAND_ALPHA = 0.15
-EXIT_INPUT = 2
 # Group i draws with colour C<i>, dash LINESTYLES[i] and marker MARKERS[i] (cycled), so that
 # curves under one another and greyscale prints stay apart.
 LINESTYLES = ("-", "--", "-.", ":", (0, (6, 2)), (0, (3, 1, 1, 1, 1, 1)))
@@ -239,67 +237,3 @@ def caption_words(groups: dict, keys: list[str] = ()) -> str:
 
     flats = [flatten(r.config) for runs in groups.values() for r in runs]
     return words.caption(flats[0], set(_differing(flats)) | set(keys)) if flats else ""
-
-
-# ----------------------------------------------------------------------------- CLI
-
-def add_parser(sub) -> None:
-    """Add ``hpcfl plot`` to the CLI's subparsers."""
-    p = sub.add_parser("plot", help="plot learning curves of runs, or a per-client heatmap of one run")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, results.h5 files or sweep directories")
-    p.add_argument("--out", required=True, metavar="FILE",
-                   help="file to write: .png, or .pdf / .svg (vector, for a paper)")
-    p.add_argument("--kind", choices=("curves", "clients"), default="curves",
-                   help="curves: quality and train loss per group of runs (default); clients: clients x rounds "
-                        "heatmap of one run's --field")
-    p.add_argument("--x", choices=("round", "sim_time"), default="round",
-                   help="x axis of curves: rounds, or cumulative simulated seconds (needs [system])")
-    p.add_argument("--metric", dest="metrics", action="append", metavar="NAME",
-                   help="a curves panel: quality or a /metrics name such as test_loss (repeatable; default: "
-                        "quality and train_loss)")
-    p.add_argument("--field", default="steps",
-                   help="per-client record for --kind clients: steps, weight, train_loss, dropped, or a policy's "
-                        "field such as gsnr (default steps)")
-    p.add_argument("--by", action="append", metavar="KEY[,KEY]",
-                   help="group runs by these config keys, e.g. --by algorithm.name,algorithm.lr (repeatable; "
-                        "default: the keys that differ across the runs, seeds together)")
-    p.add_argument("--size", default="1200x800", metavar="WxH",
-                   help="image size in pixels, 1/100 inch for .pdf and .svg (default 1200x800); fonts scale with "
-                        "the width, to about 9 pt when printed 7 inches wide")
-    p.add_argument("--log-y", action="store_true", help="curves: log scale on the panels showing a loss")
-    p.add_argument("--title", metavar="TEXT",
-                   help="curves: the caption above the panels (default: what the runs share, e.g. dataset, "
-                        "split, clients, model; '' for none)")
-
-
-def _plot(args) -> str:
-    size = parse_size(args.size)   # cheap checks first: no run is read for a typo
-    check_out_path(args.out)
-    from .runs import find_runs, group_keys, group_runs, load_runs
-
-    paths = find_runs(args.runs)
-    if args.kind == "clients":
-        if len(paths) != 1:
-            raise HpcflError(f"--kind clients plots one run, but {len(paths)} were found in "
-                             f"{' '.join(args.runs)}; give one run directory")
-        return client_heatmap_png(load_runs(paths)[0], args.field, args.out, size)
-    by = [k.strip() for item in args.by or () for k in item.split(",") if k.strip()] or None   # as hpcfl report
-    results = load_runs(paths)
-    groups, keys = group_runs(results, by=by), group_keys(results, by=by)
-    metrics = tuple(args.metrics or ("quality", "train_loss"))
-    title = caption_words(groups, keys) if args.title is None else args.title
-    return curves_png(groups, args.out, x=args.x, metrics=metrics, size=size, legend=legend_words(groups, keys),
-                      title=title or None, log_y=args.log_y)
-
-
-def main(args, comm) -> int:
-    """``hpcfl plot``: rank 0 draws; exit 0, or 2 with a message for bad input."""
-    if comm.rank != 0:
-        return 0
-    try:
-        path = _plot(args)
-    except HpcflError as exc:
-        print(f"hpcfl plot: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    print(f"plot: {path}")
-    return 0

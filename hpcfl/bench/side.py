@@ -82,8 +82,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ..parallel.comm import world
     from ..config import apply_overrides
+    from ..parallel.comm import world
     from .workloads import workload
 
     torch.set_num_threads(a.threads)

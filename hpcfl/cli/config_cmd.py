@@ -27,8 +27,7 @@ import typing
 from dataclasses import dataclass
 
 from ..errors import HpcflError
-
-EXIT_INPUT = 2
+from ..parallel.exits import EXIT_INPUT
 
 # One line per section, in the order Config.to_dict writes them.
 SECTION_DOCS = {

@@ -11,7 +11,7 @@ unquoted dotted keys are grouped by section by the TOML parser). Each point is n
 values (``name-fedavg_seed-0``: leaf key, '-', value), runs with ``run.name`` set to that
 name, into ``<out>/<name>`` (default ``<out>``: ``runs/<run.name>``). The points run in this
 process on the same communicator, so one ``srun``/``mpiexec`` allocation runs the whole grid;
-each goes through :func:`hpcfl.cli.cmd_run`, so a finished point is skipped, a killed one
+each goes through :func:`hpcfl.cli.run.cmd_run`, so a finished point is skipped, a killed one
 resumes from its checkpoint, and a stop signal checkpoints and exits 75 as with ``hpcfl run``.
 ``--only I`` runs point I alone (a job-array task, ``slurm/array_sweep.sbatch``); ``--list``
 prints the points and the ``sbatch`` line. Torch is imported only when a point runs.
@@ -33,10 +33,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, HpcflError
-from ..io import safefs
+from .. import signals
 # TOML writing lives in hpcfl/config/tomltext.py; re-exported here, where callers have always found it.
 from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401
+from ..errors import ConfigError, HpcflError
+from ..io import safefs
+from .run import agree, cmd_run
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
 POINT_JOB = "job.toml"
@@ -77,7 +79,7 @@ def read_grid(raw) -> dict:
     """Validate a ``[sweep]`` table; returns {dotted key: list of values} in file order."""
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep must be a table ([sweep] with \"section.key\" = [values...]), found {raw!r}")
-    from ..config import flatten   # unquoted dotted keys were grouped by section by TOML
+    from ..config import flatten  # unquoted dotted keys were grouped by section by TOML
 
     grid, problems = flatten(raw), []
     for key, values in grid.items():
@@ -276,7 +278,6 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
     resume from the newest checkpoint, or fresh. Exits other than 0 (2, 3, 75) end the process
     inside ``cmd_run``, on every rank.
     """
-    from .. import cli, signals
 
     folder = sweep.out / point.name
     err = None
@@ -287,11 +288,11 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
             write_point_job(sweep, point)
         except HpcflError as exc:
             err = exc
-    cli._agree(comm, err)   # also the barrier after which every rank can read the point's job
+    agree(comm, err)   # also the barrier after which every rank can read the point's job
     signals.install()       # the previous point's cmd_run ended by ignoring stop signals
     args = argparse.Namespace(cmd="run", job=str(folder / POINT_JOB), overrides=[], out=str(folder), force=False,
                               allow_change=[])
-    return cli.cmd_run(args, comm)   # which releases the point's lock on every path that returns
+    return cmd_run(args, comm)   # which releases the point's lock on every path that returns
 
 
 def _state(path: Path) -> str:
@@ -327,7 +328,6 @@ def add_parser(sub) -> None:
 
 
 def main(args, comm) -> int:
-    from .. import cli, signals
 
     signals.install()   # as for hpcfl run: a stop signal from here on is a stop request
     err, sweep, chosen = None, None, ()
@@ -336,7 +336,7 @@ def main(args, comm) -> int:
         chosen = select(sweep, args.only)
     except HpcflError as exc:
         err = exc
-    cli._agree(comm, err)
+    agree(comm, err)
     if comm.rank == 0:
         for note in sweep.notes:   # as hpcfl run says it: a dropped table must not go unnoticed
             print(f"hpcfl sweep: note: {note}", flush=True)
@@ -344,7 +344,7 @@ def main(args, comm) -> int:
         if comm.rank == 0:
             print(listing(sweep, args.overrides), flush=True)
         return 0
-    from ..engine.control import EXIT_DIVERGED
+    from ..parallel.exits import EXIT_DIVERGED
 
     for point in chosen:
         code = run_point(sweep, point, comm)

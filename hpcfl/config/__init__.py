@@ -19,15 +19,18 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import data, models
+from ..algorithms import milestone_rounds, registry
 from ..errors import ConfigError
+from ..system import SystemOptions
+from . import sections
 from .notices import missing_tables
 from .options import build, build_partial
-from ..algorithms import registry
 # The sections live in hpcfl/config/sections.py; re-exported here, where callers have always found them.
 from .sections import (LOCAL_SOLVERS, POLICY_SLOTS, PRESETS, RUN_NAME, SAMPLING, SERVER_RULES,  # noqa: F401
-                       STEPS_POLICIES, WEIGHTS_POLICIES, AlgorithmSection, CheckpointSection, DataSection,
-                       GuardSection, ModelSection, ResultsSection, RunSection, RuntimeSection, WatchdogSection)
-
+                       STEPS_POLICIES, WEIGHTS_POLICIES, AlgorithmSection, CheckpointSection, DataSection, GuardSection,
+                       ModelSection, ResultsSection, RunSection, RuntimeSection, WatchdogSection)
+from .tomltext import flatten  # noqa: F401  (re-exported: callers read the job as dotted keys from here)
 
 SWEEP_REFUSED = "this job declares a [sweep]; run it with `hpcfl sweep JOB` (or remove the [sweep] table)"
 
@@ -195,8 +198,6 @@ def _split(table: dict, cls) -> tuple[dict, dict]:
 
 def _component(kind: str, name: str, subs: dict, where: str, problems: list[str]):
     """Build the options of component ``name`` from its sub-table."""
-    from .. import data, models
-
     lookup = {"dataset": data.dataset_options, "partition": data.partition_options, "model": models.model_options}
     try:
         cls = lookup[kind](name)
@@ -241,8 +242,6 @@ def from_dict(table: dict) -> Config:
         alg_table.setdefault("mu", registry.PROX_MU)
     algorithm, alg_bad = build_partial(AlgorithmSection, alg_table, "algorithm", problems)
     runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
-    from ..system import SystemOptions
-
     system = build(SystemOptions, t.get("system"), "system", problems)
     extra = {name: build(cls, t.get(name), name, problems) for name, cls in
              (("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
@@ -307,17 +306,6 @@ def load(path: str | Path, overrides: list[str] | None = None) -> Config:
     return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent), notes=tuple(notes))
 
 
-def flatten(d: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def changed_keys(old: dict, new: dict) -> list[str]:
     """Dotted keys whose values differ between two ``Config.to_dict()`` dicts.
 
@@ -325,7 +313,7 @@ def changed_keys(old: dict, new: dict) -> list[str]:
     default: a newer hpcfl added it, and it behaves as before.
     """
     a, b = flatten(old), flatten(new)
-    defaults = flatten(_defaults())
+    defaults = flatten(sections.defaults())
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
                   and not (k not in a and k in defaults and b[k] == defaults[k]))
 
@@ -342,12 +330,10 @@ def resume_changes(old: dict, new: "Config") -> tuple[list[str], str | None]:
     schedule (a new ``run.rounds`` moves fractional milestones) is a problem with the
     exact ``--set`` that keeps the original one.
     """
-    from ..algorithms import milestone_rounds
-
     changed = changed_keys(old, new.to_dict())
     if not any(k.startswith("algorithm.lr_") or k == "run.rounds" for k in changed):
         return changed, None
-    alg = {**_defaults()["algorithm"], **old.get("algorithm", {})}   # stored jobs omit None keys
+    alg = {**sections.defaults()["algorithm"], **old.get("algorithm", {})}   # stored jobs omit None keys
     rounds = old.get("run", {}).get("rounds", new.run.rounds)
     before = milestone_rounds(alg["lr_schedule"], alg["lr_milestones"], alg["lr_milestone_rounds"], rounds)
     now = milestone_rounds(new.algorithm.lr_schedule, new.algorithm.lr_milestones, new.algorithm.lr_milestone_rounds,
@@ -363,14 +349,6 @@ def resume_changes(old: dict, new: "Config") -> tuple[list[str], str | None]:
                     f"[{','.join(map(str, before))}]")
     return [k for k in changed if k not in SCHEDULE_KEYS], problem + "; to change it, start a new run " \
         "(another --out, or --force)"
-
-
-def _defaults() -> dict:
-    """Section defaults as a nested dict (sections only; components have their own tables)."""
-    return {name: dataclasses.asdict(cls()) for name, cls in
-            (("run", RunSection), ("algorithm", AlgorithmSection), ("runtime", RuntimeSection),
-             ("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
-             ("results", ResultsSection))}
 
 
 def is_safe_change(key: str) -> bool:

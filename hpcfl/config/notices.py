@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import json
 
+from ..algorithms import milestone_rounds
+from .sections import defaults as section_defaults
+from .tomltext import flatten
+
 
 def missing_tables(path, missing: list[str]) -> list[str]:
     """The problem of a job file without [data] or [model] (none when ``missing`` is empty)."""
@@ -31,8 +35,6 @@ def start_notes(cfg) -> list[str]:
       (``--set run.rounds=100`` on a 1000-round job moves them);
     - FedLGA with no client ever cut short: then it is FedAvg with uniform weights.
     """
-    from ..algorithms import milestone_rounds
-
     a, notes = cfg.algorithm, []
     if a.lr_schedule == "step" and a.lr_milestone_rounds is None:
         at = milestone_rounds(a.lr_schedule, a.lr_milestones, None, cfg.run.rounds)
@@ -49,9 +51,7 @@ def start_notes(cfg) -> list[str]:
 
 def describe_changes(old: dict, new, keys: list[str]) -> str:
     """``run.rounds 10 -> 12, runtime.threads 0 -> 1``: changed keys with the stored and the new value."""
-    from . import _defaults, flatten
-
     a, b = flatten(old), flatten(new.to_dict())
-    defaults = flatten(_defaults())
+    defaults = flatten(section_defaults())
     show = lambda d, k: json.dumps(d.get(k, defaults.get(k)))   # noqa: E731  (stored jobs omit unset keys)
     return ", ".join(f"{k} {show(a, k)} -> {show(b, k)}" for k in keys)

@@ -8,6 +8,7 @@ models, policies) declare their own option classes beside their code.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -250,3 +251,11 @@ class WatchdogSection:
 class ResultsSection:
     locking: bool = field(default=True, metadata={
         "help": "HDF5 file locking; false on filesystems without it (sets HDF5_USE_FILE_LOCKING=FALSE)"})
+
+
+def defaults() -> dict:
+    """Section defaults as a nested dict (sections only; components have their own tables)."""
+    return {name: dataclasses.asdict(cls()) for name, cls in
+            (("run", RunSection), ("algorithm", AlgorithmSection), ("runtime", RuntimeSection),
+             ("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
+             ("results", ResultsSection))}

@@ -1,4 +1,5 @@
-"""Job tables written back as TOML text (``hpcfl sweep``'s point jobs, ``hpcfl config``).
+"""Job tables as dotted keys (:func:`flatten`) and written back as TOML text (``hpcfl sweep``'s
+point jobs, ``hpcfl config``).
 
 :func:`toml_document` checks that its text reads back as the same table, so a value TOML
 cannot carry is refused rather than turned into another job.
@@ -14,6 +15,17 @@ import tomllib
 from ..errors import HpcflError
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def toml_value(value) -> str:

@@ -24,6 +24,8 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..native.cachedir import cache_root
+from . import cache as _cache
 from . import partition as _p
 from . import partition_labels as _pl
 from .datasets import EMBEDDED, Dataset, DatasetSpec
@@ -101,11 +103,9 @@ def load_dataset(name: str, options, root: str | None, seed: int, cache: str = "
     ``cache`` is ``data.cache`` ("auto", "off" or a folder): generated datasets are read
     from there when an earlier run stored them (:mod:`hpcfl.data.cache`).
     """
-    from . import cache as _cache
-
     spec = _lookup(DATASETS, name, "data.dataset")
     opts = options if options is not None else spec.options()
-    root_dir = _cache.cache_root(cache) if spec.cache else None
+    root_dir = cache_root(cache) if spec.cache else None
     return _cache.load_or_make(root_dir, name, opts, int(seed), lambda: spec.load(opts, root, int(seed)))
 
 

@@ -35,21 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..signals import stop_requested
 from .datasets import Dataset
 
 VERSION = 1   # bump when any cached generator's output changes
-
-
-def cache_root(setting: str) -> Path | None:
-    """The cache folder for ``data.cache`` (None when it is "off")."""
-    if setting == "off":
-        return None
-    if setting != "auto":
-        return Path(setting).expanduser()
-    if os.environ.get("HPCFL_CACHE_DIR"):
-        return Path(os.environ["HPCFL_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hpcfl"
 
 
 def key(name: str, options, seed: int) -> str:
@@ -78,8 +67,6 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
             print(f"hpcfl: dataset cache entry {path} is unreadable or does not match what was cached ({err}); "
                   f"generating the data again", flush=True)
     ds = make()
-    from ..signals import stop_requested
-
     if stop_requested():   # stopping: the cache write (hundreds of MB) can wait for the next run
         return ds
     try:

@@ -15,12 +15,11 @@ import time
 
 import numpy as np
 
+from ..errors import HpcflError
+from ..io import rundir
+from ..io.h5check import BadFile
+from ..parallel.exits import EXIT_INPUT, EXIT_WRITE, exit_all
 from ..signals import stop_requested
-
-EXIT_GUARD = 3
-EXIT_DIVERGED = 4
-EXIT_RESUMABLE = 75
-EXIT_WRITE = 74   # results or a checkpoint could not be written (disk full, quota, I/O error): free space, rerun
 
 
 class Watchdog:
@@ -170,28 +169,21 @@ def write_failed(comm, err: Exception | None) -> None:
     """Collective: rank 0's write failed (``err``): it prints why and every rank exits together,
     2 for a results file found damaged, :data:`EXIT_WRITE` for a full disk or another I/O error
     (nothing written before was lost: free space and run again)."""
-    from ..cli import EXIT_INPUT, _exit_all
-    from ..io.h5check import BadFile
-
     failed = comm.bcast(None if err is None else (str(err), EXIT_INPUT if isinstance(err, BadFile) else EXIT_WRITE),
                         root=0)
     if failed:
         if comm.rank == 0:
             print(f"hpcfl: {failed[0]}", file=sys.stderr, flush=True)
-        _exit_all(failed[1])
+        exit_all(failed[1])
 
 
 def final_write(write, *args) -> None:
     """Rank 0, after the last round: ``write(*args)``; a full disk ends this rank with :data:`EXIT_WRITE`
     (the others have nothing left to do), results.h5 closed with every round, the checkpoints intact."""
-    from ..cli import _exit_all
-    from ..errors import HpcflError
-    from ..io import rundir
-
     try:
         write(*args)
     except HpcflError as exc:
         print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
         rundir.unlock()
-        _exit_all(EXIT_WRITE)
+        exit_all(EXIT_WRITE)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..algorithms.nova_diag import nova_diagnostics
 from ..system.model import NO_STEPS
 
 REJECTED = 5  # /clients/dropped code of an update refused by the guard (system codes are 0-4)
@@ -16,8 +17,6 @@ def round_records(algo, ctx, sums, gathered, diag):
     The ``nova_*`` metrics are FedNova's diagnostics of the local work of the clients that
     reported (:mod:`hpcfl.algorithms.nova_diag`), for every algorithm.
     """
-    from ..algorithms.nova_diag import nova_diagnostics
-
     _, sc = algo.segments(sums)
     cohort, weights, plan, k = ctx.cohort, ctx.weights, ctx.plan, len(ctx.cohort)
     done = {rec[0]: rec[1:] for part in gathered for rec in part}   # by cohort position

@@ -15,14 +15,14 @@ import json
 
 import numpy as np
 
+from .. import config
 from ..errors import HpcflError
 from ..state import ClientTable, ServerArray
+from .simulation import accumulator
 
 
 def state_items(s) -> list:
     """The policies' state and the engine's own (the exact sum's grid)."""
-    from .simulation import accumulator
-
     return s.algo.state() + list(getattr(accumulator(s), "state", list)())
 
 
@@ -75,8 +75,6 @@ def check_job(loaded, cfg) -> None:
     The checkpoint's job is its ``meta["config"]`` (the job's canonical JSON), which must hash
     to its manifest's ``config_sha256``; the payload checksum does not cover either.
     """
-    from .. import config
-
     text = loaded.meta.get("config")
     fix = (f"it is not this run's: remove it from {loaded.path.parent}, choose another --out, or pass --force "
            f"to set the old run aside and start over")

@@ -31,15 +31,15 @@ from ..algorithms import Algorithm
 from ..algorithms.policies import epoch_steps
 from ..algorithms.protocol import RoundContext
 from ..client.trainer import LocalClients, Trainer
-from ..parallel.comm import Collectives, deal, make_sum, node_layout, owners
 from ..config import GuardSection
-from .control import RunControl
 from ..errors import ConfigError
-from .evaluation import evaluate, train_eval_set
+from ..parallel.comm import Collectives, deal, make_sum, node_layout, owners
+from ..parallel.runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_device,
+                                pick_threads, sums_device, sync, to_host)
 from ..params import FlatModel
+from .control import RunControl
+from .evaluation import evaluate, train_eval_set
 from .records import REJECTED, round_records
-from ..parallel.runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_device, pick_threads,
-                      sums_device, sync, to_host)
 
 
 @dataclass

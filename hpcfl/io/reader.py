@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import HpcflError
 from .h5check import BadFile, member, open_read, read, superblock
 from .schema import CLIENT_FIELDS, METRICS
+from .summary import summary
 
 MAX_CONFIG_DEPTH = 16   # a job nests 3 deep; deeper JSON is not a job (and would exhaust the recursion limit)
 SEGMENT_COLUMNS = ("start_round", "world_size", "devices", "versions", "started")
@@ -53,8 +54,6 @@ class Results:
     source: Path | None = None   # the file it was read from
 
     def __repr__(self) -> str:   # a few lines about the run, not every array (hpcfl.results.summary)
-        from ..results import summary
-
         return summary(self)
 
     def model(self):

@@ -38,6 +38,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from .cachedir import cache_root
+
 FLAGS = ("-O2", "-std=c99", "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 120
 
@@ -64,8 +66,6 @@ def key(source: bytes, cc: list[str]) -> str:
 
 def cache_folder() -> Path:
     """``kernels/`` in hpcfl's cache folder (the one the dataset cache's ``"auto"`` uses)."""
-    from ..data.cache import cache_root
-
     return cache_root("auto") / "kernels"
 
 

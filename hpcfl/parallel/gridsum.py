@@ -46,8 +46,8 @@ import math
 import numpy as np
 
 from ..native.jit import numba_or_none
-from .mpi import mpi_module
 from ..state import ServerArray
+from .mpi import mpi_module
 
 BLOCK_BITS = 4                 # 16 elements share a grid exponent
 BLOCK = 1 << BLOCK_BITS

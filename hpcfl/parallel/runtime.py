@@ -11,7 +11,6 @@ import torch
 
 from ..errors import ConfigError
 
-
 CUBLAS_CONFIG = ":4096:8"   # cuBLAS's documented setting for deterministic results with several streams
 
 

@@ -111,7 +111,7 @@ def test_a_run_planning_into_a_new_out_holds_it(tmp_path):
     out = tmp_path / "new"
     cfg = config.load(job(tmp_path))
     args = argparse.Namespace(force=False, allow_change=[])
-    plan = cli._plan_run(cfg, out, args)
+    plan = cli.run.plan_run(cfg, out, args)
     try:
         assert plan.mode == "fresh" and rundir.holding()
         p = hpcfl("run", job(tmp_path), "--out", str(out), "--set", "run.seed=9")

@@ -105,7 +105,7 @@ def test_the_compiler_can_be_named(cache, tmp_path, monkeypatch):
     assert cc.load(src).answer() == 41
 
 
-LOAD_CHILD = "from pathlib import Path; from hpcfl import cc; print(cc.load(Path({src!r})).answer())"
+LOAD_CHILD = "from pathlib import Path; from hpcfl.native import cc; print(cc.load(Path({src!r})).answer())"
 
 
 @needs_cc
@@ -150,7 +150,7 @@ def test_a_failed_compile_warns_and_gives_none(cache, tmp_path):
 @needs_cc
 def test_processes_compiling_at_once_leave_one_whole_file(cache, tmp_path):
     src = source(tmp_path, 9)
-    code = f"from pathlib import Path; from hpcfl import cc; print(cc.load(Path({str(src)!r})).answer())"
+    code = f"from pathlib import Path; from hpcfl.native import cc; print(cc.load(Path({str(src)!r})).answer())"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
     assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["9"] * 4
     names = sorted(p.name for p in cache.iterdir())

@@ -7,6 +7,7 @@ import pytest
 
 from hpcfl import data
 from hpcfl.data import cache
+from hpcfl.native import cachedir
 from hpcfl.data.datasets import SyntheticImagesOptions, SyntheticOptions
 
 SMALL = SyntheticImagesOptions(num_train=64, num_test=16, image_shape=(3, 8, 8))
@@ -51,11 +52,11 @@ def test_off_writes_nothing_and_files_are_only_for_generated_datasets(tmp_path):
 
 def test_auto_uses_the_environment_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HPCFL_CACHE_DIR", str(tmp_path / "c"))
-    assert cache.cache_root("auto") == tmp_path / "c"
+    assert cachedir.cache_root("auto") == tmp_path / "c"
     monkeypatch.delenv("HPCFL_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert cache.cache_root("auto") == tmp_path / "x" / "hpcfl"
-    assert cache.cache_root("off") is None
+    assert cachedir.cache_root("auto") == tmp_path / "x" / "hpcfl"
+    assert cachedir.cache_root("off") is None
 
 
 def test_natural_clients_survive_the_round_trip(tmp_path):
