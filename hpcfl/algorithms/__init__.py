@@ -26,7 +26,7 @@ import numpy as np
 # ``hpcfl report``) goes through this package. The local solver and the server momentum
 # state need torch and are imported where an :class:`Algorithm` uses them.
 from . import registry
-from .protocol import Field, RoundContext, ServerArray
+from .protocol import Field, RoundContext, ServerArray, check_policy
 from .sampling import STATIC_WEIGHTS, Sampler
 from .server import ServerOptimizer
 
@@ -123,6 +123,10 @@ class Algorithm:
         self.steps_policy = make("steps", a.steps)
         self.weights_policy = make("weights", a.weights)
         self.rule = make("server", a.server)
+        for slot, policies in (("local", self.extras), ("steps", [self.steps_policy]),
+                               ("weights", [self.weights_policy]), ("server", [self.rule])):
+            for p in policies:
+                check_policy(p, slot)
         self.policies = [self.weights_policy, self.steps_policy, *self.extras, self.rule]
         self.notes += [n for p in self.policies for n in getattr(p, "notes", ())]
         # A local add-on may bring its own proximal term (FedDyn's alpha/2 ||x - x^t||^2): it adds to mu.
@@ -145,6 +149,7 @@ class Algorithm:
 
     def add(self, policy) -> None:
         """Plug in one more policy (an add-on outside the four slots; every rank, before the run)."""
+        check_policy(policy, "add-on")
         self.policies.append(policy)
         self._lay_out()
 

@@ -230,3 +230,73 @@ class Policy:
     def transfer(self) -> tuple[int, int]:
         """Extra floats a client uploads and downloads per round (beyond the model)."""
         return 0, 0
+
+
+class ServerRule(Policy):
+    """Base of every server rule (the ``server`` slot): one method for each of its duties.
+
+    - :meth:`contribute_into`: a trained client's update becomes its contribution to the
+      round's sum, in place (FedAvg: times p_i; FedNova: times p_i / ||a_i||_1);
+    - :meth:`aggregate`: the cohort sums become the aggregate update (a model delta);
+    - :meth:`tau_eff`: the round's effective local steps, recorded for every rule.
+
+    ``tensors``: whether :meth:`aggregate` takes the delta sum as a device tensor. Only an
+    element-wise rule that reads no segment may set it (its update then runs on the device);
+    a rule that reads ``seg`` keeps False and gets host arrays.
+    """
+
+    tensors = False
+
+    def contribute_into(self, out, weight: float, anorm: float):
+        """``out`` (L,) float64, a host array or a device tensor, holds the client's update
+        (``res.adjusted`` where a policy set one); make it the contribution in place and return it."""
+        out *= weight
+        return out
+
+    def aggregate(self, delta_sum, s: dict, seg: dict | None = None):
+        """The aggregate update (L,) from the cohort's delta sum, the scalar sums ``s`` and every
+        reduced segment ``seg`` by name; ``delta_sum`` must not be changed."""
+        raise NotImplementedError
+
+    def tau_eff(self, s: dict) -> float:
+        """The implicit tau_eff = sum p ||a||_1 / sum p (Wang et al. 2020, eqs. 5-6), for diagnostics."""
+        return s["weight_anorm"] / s["weight"]
+
+
+SERVER_DUTIES = ("contribute_into", "aggregate", "tau_eff")
+# Names a rule could be written with that the engine never calls (the extension guide once said
+# `contribution`): a rule defining one is refused instead of silently ignored.
+NOT_HOOKS = {"contribution": "contribute_into", "contribute": "contribute_into"}
+
+
+def check_policy(policy, slot: str) -> None:
+    """Refuse ``policy`` for ``slot`` ("local", "steps", "weights", "server" or "add-on") if the
+    engine would ignore a method it defines; called where policies are registered
+    (:class:`hpcfl.algorithms.Algorithm`: its four slots, and :meth:`~hpcfl.algorithms.Algorithm.add`).
+
+    Raises
+    ------
+    TypeError
+        Naming the class, the method, and the one the engine calls.
+    """
+    cls, name = type(policy), type(policy).__name__
+    if not isinstance(policy, Policy):
+        raise TypeError(f"{name} ({slot}) does not derive from hpcfl.algorithms.protocol.Policy: the engine calls "
+                        f"only the hooks that class declares")
+    for wrong, right in NOT_HOOKS.items():
+        if hasattr(cls, wrong):
+            raise TypeError(f"{name} defines {wrong}(), which the engine never calls: a server rule turns a client's "
+                            f"update into its contribution in {right}(out, weight, anorm), in place "
+                            f"(hpcfl.algorithms.protocol.ServerRule)")
+    if slot == "server":
+        if not isinstance(policy, ServerRule):
+            raise TypeError(f"{name} is a server rule but does not derive from hpcfl.algorithms.protocol.ServerRule "
+                            f"(contribute_into, aggregate, tau_eff)")
+        if cls.aggregate is ServerRule.aggregate:
+            raise TypeError(f"{name} is a server rule but does not define aggregate(delta_sum, s, seg)")
+        return
+    misplaced = [d for d in SERVER_DUTIES if hasattr(cls, d)]
+    if misplaced:
+        raise TypeError(f"{name} ({slot}) defines {', '.join(f'{d}()' for d in misplaced)}, which the engine calls "
+                        f"only on the server rule; move it into the job's server rule (algorithm.server)")
+

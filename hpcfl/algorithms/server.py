@@ -20,13 +20,12 @@ default) or 1 when the sampling already made the weights unbiased (``normalize=F
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .protocol import Policy
+from .protocol import ServerRule
 
 
 def divide_(x, d: float):
@@ -54,20 +53,12 @@ def _copy(x):
     return x.clone() if _is_tensor(x) else x.copy()
 
 
-class AverageRule(Policy):
-    """agg = sum_i w_i Delta_i / sum_i w_i (FedAvg, FedProx, SCAFFOLD)."""
+class AverageRule(ServerRule):
+    """agg = sum_i w_i Delta_i / sum_i w_i (FedAvg, FedProx, SCAFFOLD); the contribution is
+    w_i Delta_i (:meth:`ServerRule.contribute_into`)."""
 
     def __init__(self, num_params: int, normalize: bool = True):
         self.num_params, self.normalize = num_params, normalize
-
-    def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
-        return self.contribute_into(np.array(delta, dtype=np.float64), weight, anorm)
-
-    def contribute_into(self, out, weight: float, anorm: float):
-        """``out`` (L,) float64 (array or tensor) holds the update; turn it into this client's
-        contribution in place."""
-        out *= weight
-        return out
 
     tensors = True   # aggregate() also takes the delta sum as a tensor (element-wise: it runs on the device)
 
@@ -75,10 +66,6 @@ class AverageRule(Policy):
         """The aggregate update from the cohort sums (``seg``: every reduced segment, by name);
         ``delta_sum`` (L,) float64 is a host array or a device tensor, and is not changed."""
         return divide_(_copy(delta_sum), s["weight"] if self.normalize else 1.0)
-
-    def tau_eff(self, s: dict) -> float:
-        """The implicit tau_eff = sum p ||a||_1 (Wang et al. 2020, eqs. 5-6), for diagnostics."""
-        return s["weight_anorm"] / s["weight"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +84,7 @@ class NovaOptions:
     value: float = field(default=1.0, metadata={"gt": 0, "help": "tau_eff when tau_eff = 'const'"})
 
 
-class NovaRule(Policy):
+class NovaRule(ServerRule):
     """FedNova, eq. 12: agg = tau_eff * sum_i p_i Delta_i / ||a_i||_1 / sum_i p_i.
 
     Each client sends its update divided by its own normaliser ||a_i||_1, so every client
@@ -108,9 +95,6 @@ class NovaRule(Policy):
     def __init__(self, opts: NovaOptions, num_params: int, prox: bool, normalize: bool = True):
         self.opts, self.num_params, self.normalize = opts, num_params, normalize
         self.mode = ("steps" if prox else "anorm") if opts.tau_eff == "auto" else opts.tau_eff
-
-    def contribution(self, delta: np.ndarray, weight: float, anorm: float) -> np.ndarray:
-        return self.contribute_into(np.array(delta, dtype=np.float64), weight, anorm)
 
     def contribute_into(self, out, weight: float, anorm: float):
         out *= weight

@@ -249,7 +249,7 @@ def test_nova_rule_tau_eff_choices():
 def test_nova_buffers_are_averaged_not_normalised():
     """Float buffers after the parameters (batch-norm statistics) are not gradient steps: p-weighted only."""
     rule = NovaRule(NovaOptions(), num_params=2, prox=False)
-    c = rule.contribution(np.array([4.0, 8.0, 1.0]), weight=2.0, anorm=4.0)
+    c = rule.contribute_into(np.array([4.0, 8.0, 1.0]), weight=2.0, anorm=4.0)
     assert c.tolist() == [2.0, 4.0, 2.0]
 
 
