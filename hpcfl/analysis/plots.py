@@ -1,4 +1,5 @@
-"""``hpcfl plot``: learning curves of grouped runs, and per-client heatmaps.
+"""What ``hpcfl plot`` draws (its command line is :mod:`hpcfl.cli.plot`): learning curves of grouped
+runs, and per-client heatmaps.
 
 - :func:`curves_png`: one panel per metric; per group of runs (e.g. the seeds of one
   configuration) the mean as a line and the min..max over the runs as a band, each group

@@ -1,4 +1,5 @@
-"""``hpcfl report``: a table of final, best and time-to-target quality per group of runs.
+"""What ``hpcfl report`` prints (its command line is :mod:`hpcfl.cli.report`): a table of final, best
+and time-to-target quality per group of runs.
 
 Runs are grouped by the config keys that differ between them (:mod:`.runs`), so seeds of
 one configuration form one group, summarised as mean ± sample std over the seeds. The

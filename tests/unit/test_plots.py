@@ -1,4 +1,4 @@
-"""hpcfl.analysis.plots (curves, client heatmap, CLI) and preview.heatmap_png(log=True).
+"""hpcfl.analysis.plots and hpcfl.cli.plot (curves, client heatmap, CLI) and preview.heatmap_png(log=True).
 
 The results files are written with ResultsWriter from hand-chosen values: no training.
 Fixture runs: 4 clients; round r's cohort is clients {(r-1) % 4, r % 4}; client i runs
