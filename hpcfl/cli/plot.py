@@ -11,6 +11,7 @@ from ..analysis.plots import caption_words, curves_png, legend_words
 from ..analysis.runs import find_runs, group_keys, group_runs, load_runs
 from ..errors import HpcflError
 from ..parallel.exits import EXIT_INPUT
+from .report import grouping_keys
 
 
 def add_parser(sub) -> None:
@@ -51,7 +52,7 @@ def _plot(args) -> str:
             raise HpcflError(f"--kind clients plots one run, but {len(paths)} were found in "
                              f"{' '.join(args.runs)}; give one run directory")
         return client_heatmap_png(load_runs(paths)[0], args.field, args.out, size)
-    by = [k.strip() for item in args.by or () for k in item.split(",") if k.strip()] or None   # as hpcfl report
+    by = grouping_keys(args.by) or None   # an empty --by groups as no --by does
     results = load_runs(paths)
     groups, keys = group_runs(results, by=by), group_keys(results, by=by)
     metrics = tuple(args.metrics or ("quality", "train_loss"))

@@ -10,6 +10,11 @@ from ..errors import HpcflError
 from ..parallel.exits import EXIT_INPUT
 
 
+def grouping_keys(given: list[str] | None) -> list[str] | None:
+    """``--by a,b --by c`` -> [a, b, c] (hpcfl report's and hpcfl plot's); None when not given."""
+    return None if not given else [k.strip() for item in given for k in item.split(",") if k.strip()]
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="table of final, best and time-to-target quality per group of runs",
                        description="Summarise runs: grouped by the config keys that differ between them "
@@ -35,7 +40,7 @@ def main(args, comm) -> int:
     """``hpcfl report``: prints (or writes) the report on rank 0; exit 2 on bad input."""
     if comm.rank != 0:
         return 0
-    by = None if not args.by else [k.strip() for item in args.by for k in item.split(",") if k.strip()]
+    by = grouping_keys(args.by)
     try:
         text = report_text(args.paths, by=by, fmt=args.format, target=args.target, last_k=args.last_k,
                            baseline=args.baseline, paper=args.paper, per_run=args.per_run)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HpcflError
+from ..io import rundir   # light (no h5py): the lock and --out checks every path of a run uses
 from ..parallel.exits import EXIT_INPUT, exit_all
 
 
@@ -26,8 +27,6 @@ def agree(comm, err: Exception | None) -> None:
     if bad:
         if comm.rank == 0:
             print(bad[0], file=sys.stderr, flush=True)
-        from ..io import rundir
-
         rundir.abandon()   # the run will not start: release --out (and remove it if planning created it)
         exit_all(EXIT_INPUT)
 
@@ -53,7 +52,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
     from .. import config
     from ..config import notices
     from ..engine import resume
-    from ..io import results, rundir
+    from ..io import results
     from ..io.checkpoint import CheckpointStore
 
     ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
@@ -111,7 +110,6 @@ def _commit(cfg, out: Path, plan: Plan):
 
     Returns (checkpoint store, the set-aside folder or None).
     """
-    from ..io import rundir
     from ..io.checkpoint import CheckpointStore
 
     try:
@@ -135,8 +133,6 @@ def cmd_run(args, comm) -> int:
     without a deterministic kernel) releases the ``--out`` lock planning took, so that a caller in
     this process (the next point of ``hpcfl sweep``, tests) can lock its own; the other exits end
     the process, which releases it."""
-    from ..io import rundir
-
     try:
         return _run(args, comm)
     finally:
@@ -173,8 +169,6 @@ def _run(args, comm) -> int:
         if comm.rank == 0:
             print("hpcfl: stopped during start-up; nothing was written or changed. Run the same command again to "
                   "start", file=sys.stderr, flush=True)
-        from ..io import rundir
-
         rundir.abandon()
         exit_all(EXIT_RESUMABLE)
     # The job is valid and its data found on every rank: only now may rank 0 change files.

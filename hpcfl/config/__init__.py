@@ -19,10 +19,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import data, models
 from ..algorithms import milestone_rounds, registry
 from ..errors import ConfigError
-from ..system import SystemOptions
 from . import sections
 from .notices import missing_tables
 from .options import build, build_partial
@@ -198,6 +196,10 @@ def _split(table: dict, cls) -> tuple[dict, dict]:
 
 def _component(kind: str, name: str, subs: dict, where: str, problems: list[str]):
     """Build the options of component ``name`` from its sub-table."""
+    # Imported here, not at the top: commands that import this module without reading a job
+    # (hpcfl --help, report, plot) then skip the dataset, model and system modules.
+    from .. import data, models
+
     lookup = {"dataset": data.dataset_options, "partition": data.partition_options, "model": models.model_options}
     try:
         cls = lookup[kind](name)
@@ -242,6 +244,8 @@ def from_dict(table: dict) -> Config:
         alg_table.setdefault("mu", registry.PROX_MU)
     algorithm, alg_bad = build_partial(AlgorithmSection, alg_table, "algorithm", problems)
     runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
+    from ..system import SystemOptions   # here for the same reason as in _component
+
     system = build(SystemOptions, t.get("system"), "system", problems)
     extra = {name: build(cls, t.get(name), name, problems) for name, cls in
              (("checkpoint", CheckpointSection), ("guard", GuardSection), ("watchdog", WatchdogSection),
