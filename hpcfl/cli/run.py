@@ -80,8 +80,9 @@ def plan_run(cfg, out: Path, args) -> Plan:
         raise HpcflError(f"resuming {out}: {problem}")
     unsafe = [k for k in changed if not config.is_safe_change(k)]
     if unsafe:
-        raise HpcflError(f"{out} holds results of a different job (differs in {', '.join(unsafe)}); choose another "
-                         f"--out, or pass --force to set the old run aside and start over")
+        raise HpcflError(f"{out} holds results of a different job: it {_job_difference(old, cfg, unsafe)}; to keep "
+                         f"both runs choose another --out (e.g. --out {out.parent / (out.name + '-2')}), or pass "
+                         f"--force to set the old run aside and start over")
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
     said = [f"resuming with {notices.describe_changes(old, cfg, changed)} (safe to change)"] if changed else []
@@ -102,6 +103,28 @@ def plan_run(cfg, out: Path, args) -> Plan:
         return Plan("done", run_id, ckpt_dir, loaded, notes)
     return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (written "
                                                              f"after round {loaded.round})"])
+
+
+def _job_difference(old: dict, cfg, keys: list[str]) -> str:
+    """``differs in algorithm.name "fedavg" -> "fednova" (its preset also sets algorithm.server, ...)``.
+
+    The keys the user changed come first with their values; the ones a changed
+    ``algorithm.name`` fills in through its preset (docs/algorithms/) are named after it,
+    as following from it, rather than listed as if the user had touched them.
+    """
+    from ..config import notices
+
+    from ..config.sections import POLICY_SLOTS
+
+    # What a preset sets: the policy slots, and the option tables of the policies they choose.
+    preset_made = lambda k: k.startswith("algorithm.") and (  # noqa: E731
+        k.split(".", 1)[1] in POLICY_SLOTS or k.count(".") >= 2)
+    implied = [k for k in keys if preset_made(k)] if "algorithm.name" in keys else []
+    named = sorted((k for k in keys if k not in implied), key=lambda k: k != "algorithm.name")   # the cause first
+    text = f"differs in {notices.describe_changes(old, cfg, named)}"
+    if implied:
+        text += f" (its preset also sets {', '.join(implied)})"
+    return text
 
 
 def _commit(cfg, out: Path, plan: Plan):
