@@ -113,11 +113,10 @@ def _job_difference(old: dict, cfg, keys: list[str]) -> str:
     as following from it, rather than listed as if the user had touched them.
     """
     from ..config import notices
-
     from ..config.sections import POLICY_SLOTS
 
     # What a preset sets: the policy slots, and the option tables of the policies they choose.
-    preset_made = lambda k: k.startswith("algorithm.") and (  # noqa: E731
+    preset_made = lambda k: k.startswith("algorithm.") and (
         k.split(".", 1)[1] in POLICY_SLOTS or k.count(".") >= 2)
     implied = [k for k in keys if preset_made(k)] if "algorithm.name" in keys else []
     named = sorted((k for k in keys if k not in implied), key=lambda k: k != "algorithm.name")   # the cause first
