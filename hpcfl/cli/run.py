@@ -105,6 +105,13 @@ def plan_run(cfg, out: Path, args) -> Plan:
                                                              f"after round {loaded.round})"])
 
 
+def _columns() -> int | None:
+    """The terminal's width for the summary, or None when stdout is not a terminal (a log)."""
+    from .progress import terminal_width
+
+    return terminal_width(sys.stdout) if sys.stdout.isatty() else None
+
+
 def _job_difference(old: dict, cfg, keys: list[str]) -> str:
     """``differs in algorithm.name "fedavg" -> "fednova" (its preset also sets algorithm.server, ...)``.
 
@@ -155,10 +162,15 @@ def cmd_run(args, comm) -> int:
     without a deterministic kernel) releases the ``--out`` lock planning took, so that a caller in
     this process (the next point of ``hpcfl sweep``, tests) can lock its own; the other exits end
     the process, which releases it."""
+    from .progress import fit_to_terminal
+
+    restore = fit_to_terminal() if comm.rank == 0 else None   # no line wider than the user's terminal
     try:
         return _run(args, comm)
     finally:
         rundir.unlock()
+        if restore:
+            restore()
 
 
 def _run(args, comm) -> int:
@@ -282,7 +294,7 @@ def _run(args, comm) -> int:
             writer.close()
             progress.close()
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-            print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
+            print(summary_table(history, time.perf_counter() - t_start, out / "results.h5", _columns()), flush=True)
         control.close()
         return EXIT_DIVERGED
     except NondeterministicOp as exc:   # raised where the operation ran: perhaps on some ranks only
@@ -308,6 +320,6 @@ def _run(args, comm) -> int:
         progress.close()
     signals.ignore()   # finished: a stop signal from here on changes nothing
     if comm.rank == 0:
-        print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
+        print(summary_table(history, time.perf_counter() - t_start, out / "results.h5", _columns()), flush=True)
     control.close()   # another run may follow in this process (hpcfl sweep): end this one's watchdog
     return 0
