@@ -186,7 +186,7 @@ def _run(args, comm) -> int:
     t_start = time.perf_counter()
     err, cfg, setup, out, plan, store, aside = None, None, None, None, None, None, None
     try:
-        cfg = config.load(args.job, args.overrides)
+        cfg = config.load(args.job, args.overrides, files=True)
         out = Path(args.out or Path("runs") / cfg.run.name)
         if not cfg.results.locking:
             from ..io import results as results_io
