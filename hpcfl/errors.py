@@ -34,3 +34,15 @@ class ConfigError(HpcflError):
 
 class DataError(HpcflError):
     """A dataset file is missing, truncated or not in the expected format."""
+
+
+def nearest(word: str, choices) -> str | None:
+    """The choice a misspelt ``word`` most likely meant (``roundz`` -> ``rounds``), or None.
+
+    difflib's ratio with a 0.75 cut-off: one or two letters wrong, doubled or swapped in a
+    short key, not a different word.
+    """
+    import difflib
+
+    found = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.75)
+    return found[0] if found else None

@@ -94,7 +94,7 @@ def cmd_partition(args, comm) -> int:
         return 0
     t0 = time.perf_counter()
     try:
-        cfg = config.load(args.job, args.overrides)
+        cfg = config.load(args.job, args.overrides, files=True)
         # Labels only: the partition is the same, and no image is generated or normalised.
         ds = data.load_labels(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed)
         parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -48,21 +51,21 @@ class Progress:
         name, value = ("test_acc", acc) if self.accuracy else ("test_loss", m["test_loss"])
         test = f"{name} {value:.4f}" if not math.isnan(value) else f"{name}   -   "
         r = m["round"]
-        tau = f"  tau {m['tau_used']}" if "tau_used" in m else ""
         elapsed = time.perf_counter() - self.t0
         left = elapsed / max(1, r - self.start) * (self.rounds - r)
-        text = (f"round {r:>{len(str(self.rounds))}}/{self.rounds}  train_loss {m['train_loss']:.4f}  "
-                f"{test}  clients {m['clients_participating']}{tau}  {m['time_round']:.2f} s  "
-                f"[{clock(elapsed)} elapsed, {clock(left)} left]")
+        # Fields in the order shown; the bar drops the later ones first when the terminal is narrow.
+        fields = [f"round {r:>{len(str(self.rounds))}}/{self.rounds}", test,
+                  f"[{clock(elapsed)} elapsed, {clock(left)} left]", f"train_loss {m['train_loss']:.4f}",
+                  f"{m['time_round']:.2f} s", *([f"tau {m['tau_used']}"] if "tau_used" in m else []),
+                  f"clients {m['clients_participating']}"]
         if self.mode == "bar":
-            width = 20
-            filled = int(width * r / self.rounds)
-            self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}\033[K")
+            self.out.write("\r" + fit_bar(fields, r / self.rounds, terminal_width(self.out)) + "\033[K")
             self.open = r != self.rounds
             if not self.open:
                 self.out.write("\n")
-        else:
-            self.out.write(text + "\n")
+        else:   # a log file: every field, in the order of the summary's columns
+            round_, test, times, train, secs, *rest = fields
+            self.out.write("  ".join([round_, train, test, *reversed(rest), secs, times]) + "\n")
         self.out.flush()
 
     def break_line(self) -> None:
@@ -97,6 +100,87 @@ class _AfterBar:
         return getattr(self.stream, name)
 
 
+class FitLines:
+    """A terminal stream that breaks each finished line wider than the terminal at spaces,
+    continuing it indented on the next line.
+
+    A terminal would wrap it anyway, but wherever it wraps, a later ``\\r`` (the progress bar)
+    returns only over the last part, and notices and paths wrap mid-word. Text holding a
+    ``\\r`` (the bar, already fitted by :func:`fit_bar`) goes through unchanged.
+    """
+
+    def __init__(self, stream):
+        self.stream, self.pending = stream, ""
+
+    def write(self, text: str) -> int:
+        if "\r" in text:
+            self.flush()
+            return self.stream.write(text)
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.stream.write(fold(line, terminal_width(self.stream)) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.stream.write(self.pending)
+            self.pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def fit_to_terminal():
+    """Put :class:`FitLines` on stdout and stderr where they are terminals; returns the undo."""
+    saved = sys.stdout, sys.stderr
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream.isatty():
+            setattr(sys, name, FitLines(stream))
+
+    def undo() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved
+    return undo
+
+
+def fold(line: str, columns: int) -> str:
+    """``line`` broken at spaces into pieces shorter than ``columns`` (continuations indented)."""
+    if len(line) < columns:
+        return line
+    return "\n".join(textwrap.wrap(line, max(columns - 1, 8), subsequent_indent="    ", break_on_hyphens=False))
+
+
+def terminal_width(stream) -> int:
+    """Columns of the terminal ``stream`` writes to (re-read every round: windows get resized);
+    80 when it cannot be told."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (OSError, AttributeError, ValueError):
+        return shutil.get_terminal_size((80, 24)).columns
+
+
+def fit_bar(fields: list[str], done: float, columns: int) -> str:
+    """``[#####.....] round 3/30  test_acc 0.8125  ...``: the bar and as many fields as fit.
+
+    The line stays shorter than the terminal (``columns - 1`` at most): a line that fills the
+    last column wraps on many terminals, and ``\\r`` then returns only to the wrapped part,
+    leaving a trail of old bars. Fields are dropped from the end of ``fields`` first (a
+    narrower bar of 10 cells is tried before each drop); with only the first field left, the
+    bar goes.
+    """
+    limit = max(columns - 1, 1)
+    for n in range(len(fields), 0, -1):
+        for cells in (20, 10) + ((0,) if n == 1 else ()):
+            bar = f"[{'#' * int(cells * done)}{'.' * (cells - int(cells * done))}] " if cells else ""
+            text = bar + "  ".join(fields[:n])
+            if len(text) <= limit:
+                return text
+    return fields[0][:limit]
+
+
 def clock(seconds: float) -> str:
     """``42s``, ``3m05s``, ``2h07m``: a duration at a glance."""
     s = int(round(seconds))
@@ -107,9 +191,13 @@ def clock(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def summary_table(history: list[dict], wall: float, path) -> str:
+def summary_table(history: list[dict], wall: float, path, columns: int | None = None) -> str:
     """The closing table: rounds, final and best test accuracy (the test loss for models
-    without an accuracy, e.g. the quadratic), time by phase."""
+    without an accuracy, e.g. the quadratic), time by phase.
+
+    ``columns``: the terminal's width; values too long for it continue on lines of their own
+    under the value column, and the rules are no wider than the terminal. None: no limit (a log).
+    """
     acc = np.array([h["test_accuracy"] for h in history], dtype=np.float64)
     loss = np.array([h["test_loss"] for h in history], dtype=np.float64)
     rounds = [h["round"] for h in history]
@@ -136,9 +224,16 @@ def summary_table(history: list[dict], wall: float, path) -> str:
     if not np.isnan(gtl[-1]):
         rows.insert(4, ("final F(x) on train data", f"{gtl[-1]:.4f} (run.eval_train)"))
     w = max(len(k) for k, _ in rows)
-    line = "-" * (w + 3 + max(len(v) for _, v in rows))
+    room = max(20, columns - 1 - (w + 3)) if columns else None   # the value column's width
+    body = []
+    for k, v in rows:
+        parts = textwrap.wrap(v, room) if room and len(v) > room else [v]
+        body += [f"{k if i == 0 else '':<{w}} | {part}" for i, part in enumerate(parts)]
+    line = "-" * max(len(b) for b in body)
     warning = divergence_warning(history)
-    return "\n".join([line] + [f"{k:<{w}} | {v}" for k, v in rows] + [line] + ([warning] if warning else []))
+    if warning and columns:
+        warning = "\n".join(textwrap.wrap(warning, columns - 1))
+    return "\n".join([line, *body, line] + ([warning] if warning else []))
 
 
 GROWTH = 10.0   # a training loss this many times its smallest earlier value is flagged

@@ -80,8 +80,9 @@ def plan_run(cfg, out: Path, args) -> Plan:
         raise HpcflError(f"resuming {out}: {problem}")
     unsafe = [k for k in changed if not config.is_safe_change(k)]
     if unsafe:
-        raise HpcflError(f"{out} holds results of a different job (differs in {', '.join(unsafe)}); choose another "
-                         f"--out, or pass --force to set the old run aside and start over")
+        raise HpcflError(f"{out} holds results of a different job: it {_job_difference(old, cfg, unsafe)}; to keep "
+                         f"both runs choose another --out (e.g. --out {out.parent / (out.name + '-2')}), or pass "
+                         f"--force to set the old run aside and start over")
     rundir.check_owner(ckpt_dir, old_id, path)
     run_id = old_id or rundir.new_run_id()
     said = [f"resuming with {notices.describe_changes(old, cfg, changed)} (safe to change)"] if changed else []
@@ -102,6 +103,34 @@ def plan_run(cfg, out: Path, args) -> Plan:
         return Plan("done", run_id, ckpt_dir, loaded, notes)
     return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (written "
                                                              f"after round {loaded.round})"])
+
+
+def _columns() -> int | None:
+    """The terminal's width for the summary, or None when stdout is not a terminal (a log)."""
+    from .progress import terminal_width
+
+    return terminal_width(sys.stdout) if sys.stdout.isatty() else None
+
+
+def _job_difference(old: dict, cfg, keys: list[str]) -> str:
+    """``differs in algorithm.name "fedavg" -> "fednova" (its preset also sets algorithm.server, ...)``.
+
+    The keys the user changed come first with their values; the ones a changed
+    ``algorithm.name`` fills in through its preset (docs/algorithms/) are named after it,
+    as following from it, rather than listed as if the user had touched them.
+    """
+    from ..config import notices
+    from ..config.sections import POLICY_SLOTS
+
+    # What a preset sets: the policy slots, and the option tables of the policies they choose.
+    preset_made = lambda k: k.startswith("algorithm.") and (
+        k.split(".", 1)[1] in POLICY_SLOTS or k.count(".") >= 2)
+    implied = [k for k in keys if preset_made(k)] if "algorithm.name" in keys else []
+    named = sorted((k for k in keys if k not in implied), key=lambda k: k != "algorithm.name")   # the cause first
+    text = f"differs in {notices.describe_changes(old, cfg, named)}"
+    if implied:
+        text += f" (its preset also sets {', '.join(implied)})"
+    return text
 
 
 def _commit(cfg, out: Path, plan: Plan):
@@ -133,10 +162,15 @@ def cmd_run(args, comm) -> int:
     without a deterministic kernel) releases the ``--out`` lock planning took, so that a caller in
     this process (the next point of ``hpcfl sweep``, tests) can lock its own; the other exits end
     the process, which releases it."""
+    from .progress import fit_to_terminal
+
+    restore = fit_to_terminal() if comm.rank == 0 else None   # no line wider than the user's terminal
     try:
         return _run(args, comm)
     finally:
         rundir.unlock()
+        if restore:
+            restore()
 
 
 def _run(args, comm) -> int:
@@ -152,7 +186,7 @@ def _run(args, comm) -> int:
     t_start = time.perf_counter()
     err, cfg, setup, out, plan, store, aside = None, None, None, None, None, None, None
     try:
-        cfg = config.load(args.job, args.overrides)
+        cfg = config.load(args.job, args.overrides, files=True)
         out = Path(args.out or Path("runs") / cfg.run.name)
         if not cfg.results.locking:
             from ..io import results as results_io
@@ -260,7 +294,7 @@ def _run(args, comm) -> int:
             writer.close()
             progress.close()
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-            print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
+            print(summary_table(history, time.perf_counter() - t_start, out / "results.h5", _columns()), flush=True)
         control.close()
         return EXIT_DIVERGED
     except NondeterministicOp as exc:   # raised where the operation ran: perhaps on some ranks only
@@ -286,6 +320,6 @@ def _run(args, comm) -> int:
         progress.close()
     signals.ignore()   # finished: a stop signal from here on changes nothing
     if comm.rank == 0:
-        print(summary_table(history, time.perf_counter() - t_start, out / "results.h5"), flush=True)
+        print(summary_table(history, time.perf_counter() - t_start, out / "results.h5", _columns()), flush=True)
     control.close()   # another run may follow in this process (hpcfl sweep): end this one's watchdog
     return 0

@@ -291,23 +291,43 @@ def from_dict(table: dict) -> Config:
                   policy_options, system, **extra)
 
 
-def load(path: str | Path, overrides: list[str] | None = None) -> Config:
+def load(path: str | Path, overrides: list[str] | None = None, files: bool = False) -> Config:
     """Read a job file, apply ``--set`` overrides and validate.
 
     The job must name its data and model: a file without ``[data]`` or ``[model]`` (an
     empty one, say) is refused rather than run on the defaults. What the overrides decided
-    (a component table left out) is in ``Config.notes``.
+    (a component table left out) is in ``Config.notes``. ``files``: also check that the
+    dataset's files are where the job says (``hpcfl run``), reported with the other problems.
     """
     notes: list[str] = []
     table = apply_overrides(read_job(path), overrides or [], notes)
     missing = [name for name in ("data", "model") if name not in table]
+    found = data_file_problems(table) if files else []
     try:
         cfg = from_dict(table)
     except ConfigError as exc:
-        raise ConfigError(missing_tables(path, missing) + exc.problems) from None
-    if missing:
-        raise ConfigError(missing_tables(path, missing))
+        raise ConfigError(missing_tables(path, missing) + exc.problems + found) from None
+    if missing or found:
+        raise ConfigError(missing_tables(path, missing) + found)
     return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent), notes=tuple(notes))
+
+
+def data_file_problems(table: dict) -> list[str]:
+    """Where the job's dataset files should be but are not (``DatasetSpec.files``), read from
+    the raw job so that a job with other problems is checked too; values the job gets wrong
+    are left to :func:`from_dict`'s messages."""
+    from .. import data
+
+    section = table.get("data")
+    if not isinstance(section, dict):
+        return []
+    name, root = section.get("dataset"), section.get("root")
+    spec = data.DATASETS.get(name) if isinstance(name, str) else None
+    if spec is None or spec.files is None or not (root is None or isinstance(root, str)):
+        return []
+    sub = section.get(name)
+    options, _ = build_partial(spec.options, sub if isinstance(sub, dict) else None, f"data.{name}", [])
+    return spec.files(options, root)
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:

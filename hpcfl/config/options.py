@@ -20,7 +20,7 @@ import re
 import types
 import typing
 
-from ..errors import ConfigError
+from ..errors import ConfigError, nearest
 
 _UNIONS = (typing.Union, types.UnionType)  # Optional[X] and X | None
 
@@ -121,7 +121,9 @@ def check_value(name: str, value, meta: dict) -> list[str]:
             break
         if "choices" in meta and v not in meta["choices"]:
             choices = ", ".join(repr(c) for c in meta["choices"])
-            problems.append(f"{name} = {v!r} is not valid; choose one of {choices}")
+            guess = nearest(v, meta["choices"]) if isinstance(v, str) else None
+            problems.append(f"{name} = {v!r} is not valid; " + (f"did you mean {guess!r}? (or one of {choices})"
+                                                                 if guess else f"choose one of {choices}"))
             break
         for key, (ok, words) in _BOUNDS.items():
             if key in meta and isinstance(v, (int, float)) and not ok(v, meta[key]):
@@ -174,8 +176,10 @@ def build_partial(cls, table: dict | None, where: str, problems: list[str]) -> t
     hints = typing.get_type_hints(cls)
     for key in table:
         if key not in fields:
+            guess = nearest(key, fields)
             valid = ", ".join(sorted(fields)) or "(none)"
-            problems.append(f"unknown key {where}.{key}; valid keys here: {valid}")
+            problems.append(f"unknown key {where}.{key}; did you mean {where}.{guess}?" if guess else
+                            f"unknown key {where}.{key}; valid keys here: {valid}")
     kwargs, failed = {}, set()
     for name, f in fields.items():
         if name not in table:

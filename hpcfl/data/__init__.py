@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, nearest
 from ..native.cachedir import cache_root
 from . import cache as _cache
 from . import partition as _p
@@ -83,7 +83,9 @@ PARTITIONS: dict[str, PartitionSpec] = {
 def _lookup(registry: dict, name, key: str):
     if name not in registry:
         valid = ", ".join(sorted(registry))
-        raise ConfigError(f"{key} = {name!r} is not known; choose one of {valid}")
+        guess = nearest(name, registry) if isinstance(name, str) else None
+        raise ConfigError(f"{key} = {name!r} is not known; " + (f"did you mean {guess!r}? (or one of {valid})"
+                                                                 if guess else f"choose one of {valid}"))
     return registry[name]
 
 

@@ -53,6 +53,10 @@ class DatasetSpec:
     doc: str
     labels: Callable[..., Dataset] | None = None
     cache: bool = False   # a pure function of (options, seed) worth caching on disk (hpcfl.data.cache)
+    # ``files(options, root)``: problems with where the dataset's files should be (an unset or
+    # missing data.root, a missing file), found without reading them, so that they are reported
+    # with the job's other problems; None for a dataset that reads no files.
+    files: Callable[..., list[str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, HpcflError
 from . import safe_pickle
 from .augment import normalize_images
 from .datasets import Dataset, DatasetSpec, check_arrays
@@ -102,6 +102,26 @@ def _need_root(root: str | None, name: str, what: str) -> str:
     if not os.path.isdir(root):
         raise DataError(f"data.root = {root!r} is not a directory (dataset {name!r} reads {what} from it)")
     return root
+
+
+def root_check(name: str, what: str):
+    """The ``DatasetSpec.files`` check of a dataset that reads ``what`` from ``data.root``."""
+    def check(opts, root: str | None) -> list[str]:
+        try:
+            _need_root(root, name, what)
+        except HpcflError as exc:
+            return [str(exc).removeprefix("config error: ")]
+        return []
+    return check
+
+
+def _npz_files(opts, root: str | None) -> list[str]:
+    path = opts.file if os.path.isabs(opts.file) or root is None else os.path.join(root, opts.file)
+    if root is not None and not os.path.isdir(root):
+        return [f"data.root = {root!r} is not a directory (data.npz.file = {opts.file!r} is read from it)"]
+    if not os.path.exists(path):
+        return [f"data.npz.file: {path} does not exist; set data.npz.file (absolute, or relative to data.root)"]
+    return []
 
 
 _STATS = {
@@ -381,13 +401,18 @@ def load_npz(opts: NpzOptions, root: str | None, seed: int) -> Dataset:
 
 
 ON_DISK = {
-    "cifar10": DatasetSpec(Cifar10Options, load_cifar10, "CIFAR-10 python batches (cifar-10-batches-py)"),
-    "cifar100": DatasetSpec(Cifar100Options, load_cifar100, "CIFAR-100 python files (cifar-100-python)"),
-    "mnist": DatasetSpec(MnistOptions, _idx_loader("mnist", ("", "MNIST/raw", "mnist")), "MNIST IDX files"),
+    "cifar10": DatasetSpec(Cifar10Options, load_cifar10, "CIFAR-10 python batches (cifar-10-batches-py)",
+                           files=root_check("cifar10", "cifar-10-batches-py")),
+    "cifar100": DatasetSpec(Cifar100Options, load_cifar100, "CIFAR-100 python files (cifar-100-python)",
+                            files=root_check("cifar100", "cifar-100-python")),
+    "mnist": DatasetSpec(MnistOptions, _idx_loader("mnist", ("", "MNIST/raw", "mnist")), "MNIST IDX files",
+                         files=root_check("mnist", "IDX files")),
     "fashion_mnist": DatasetSpec(
         MnistOptions, _idx_loader("fashion_mnist", ("", "FashionMNIST/raw", "fashion_mnist", "fashion-mnist")),
-        "Fashion-MNIST IDX files",
+        "Fashion-MNIST IDX files", files=root_check("fashion_mnist", "IDX files"),
     ),
-    "emnist": DatasetSpec(EmnistOptions, load_emnist, "EMNIST IDX files of one split (emnist-<split>-...)"),
-    "npz": DatasetSpec(NpzOptions, load_npz, "generic .npz with x, y (and optionally x_test, y_test)"),
+    "emnist": DatasetSpec(EmnistOptions, load_emnist, "EMNIST IDX files of one split (emnist-<split>-...)",
+                          files=root_check("emnist", "IDX files")),
+    "npz": DatasetSpec(NpzOptions, load_npz, "generic .npz with x, y (and optionally x_test, y_test)",
+                       files=_npz_files),
 }

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import DataError
 from .datasets import Dataset, DatasetSpec, check_arrays
-from .files import _find_dir, _need_root
+from .files import _find_dir, _need_root, root_check
 
 KEYWORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")
 FOLDERS = ("", "speech_commands_v0.02", "speech_commands_v0.01")
@@ -336,6 +336,6 @@ SPEECH = {
     "speech_commands": DatasetSpec(
         SpeechOptions, load_speech_commands,
         "Google Speech Commands keywords (GIFT KWS): (98, 40) log-mel or MFCC frames from the WAV folders",
-        load_speech_commands_labels,
+        load_speech_commands_labels, files=root_check("speech_commands", "speech_commands_v0.02"),
     ),
 }

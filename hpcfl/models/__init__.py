@@ -23,7 +23,7 @@ import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, nearest
 from . import options as o
 from .options import any_shape
 
@@ -158,7 +158,9 @@ def model_options(name: str) -> type:
     """
     if name not in MODELS:
         valid = ", ".join(MODELS)
-        raise ConfigError(f"model.name = {name!r} is not a known model; choose one of {valid}")
+        guess = nearest(name, MODELS) if isinstance(name, str) else None
+        raise ConfigError(f"model.name = {name!r} is not a known model; " + (
+            f"did you mean {guess!r}? (or one of {valid})" if guess else f"choose one of {valid}"))
     return MODELS[name].options
 
 

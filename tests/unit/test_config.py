@@ -51,7 +51,7 @@ def test_valid_job_and_presets():
         (["algorithm", "clients_per_round"], 21, "algorithm.clients_per_round", "exceeds data.num_clients = 20"),
         (["data", "num_clients"], 0, "data.num_clients", "greater than 0"),
         (["run", "rounds"], 2.5, "run.rounds", "expected an integer"),
-        (["run", "roundz"], 3, "run.roundz", "valid keys here"),
+        (["run", "roundz"], 3, "run.roundz", "did you mean run.rounds?"),
         (["algorithm", "momentum"], 1.0, "algorithm.momentum", "less than 1"),
         (["runtime", "reduce"], "fast", "runtime.reduce", "'exact', 'float'"),
         (["data", "dirichlet", "alfa"], 1.0, "data.dirichlet.alfa", "valid keys here"),

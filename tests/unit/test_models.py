@@ -348,7 +348,7 @@ def test_unknown_model_name_lists_valid_names():
 
 
 def test_option_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"unknown key model\.dropuot; valid keys here: dropout"):
+    with pytest.raises(ConfigError, match=r"unknown key model\.dropuot; did you mean model\.dropout\?"):
         options.build(model_options("vgg11"), {"dropuot": 0.1}, "model")
     with pytest.raises(ConfigError, match=r"model\.norm = 'layer' is not valid"):
         options.build(model_options("resnet18"), {"norm": "layer"}, "model")

@@ -3,7 +3,7 @@
 import math
 import sys
 
-from hpcfl.cli.progress import Progress, clock, divergence_warning, summary_table
+from hpcfl.cli.progress import Progress, clock, divergence_warning, fit_bar, summary_table
 
 NAN = math.nan
 
@@ -119,3 +119,24 @@ def test_divergence_warning_reads_f_of_x_when_evaluated_and_ends_the_summary():
 def test_divergence_warning_silent_for_a_converged_run_jittering_at_small_loss():
     """F(x) going 1e-4 -> 1e-3 is 10x, but 1e-3 stays far below the first value 2.3: converged."""
     assert divergence_warning(losses([0.5] * 4, [2.3, 0.1, 1e-4, 1e-3])) is None
+
+
+def test_the_bar_drops_fields_from_the_end_to_fit_the_terminal():
+    fields = ["round  3/30", "test_acc 0.8125", "[1s elapsed, 9s left]", "train_loss 0.4000", "0.10 s", "clients 10"]
+    bar = "[##..................] "
+    assert fit_bar(fields, 0.1, 200) == bar + "  ".join(fields)
+    assert fit_bar(fields, 0.1, 80) == bar + "round  3/30  test_acc 0.8125  [1s elapsed, 9s left]"   # 74 columns
+    assert fit_bar(fields, 0.1, 74) == "[#.........] round  3/30  test_acc 0.8125  [1s elapsed, 9s left]"
+    assert fit_bar(fields, 0.1, 40) == bar + "round  3/30"
+    assert fit_bar(fields, 0.1, 30) == "[#.........] round  3/30"
+    assert fit_bar(fields, 0.1, 12) == "round  3/30"
+    assert fit_bar(fields, 0.1, 8) == "round  "
+
+
+def test_the_summary_fits_the_terminal():
+    history = [{**rows([0.5], [1.0])[0], **{f"time_{k}": 0.125 for k in ("decide", "reduce", "server", "eval")}}]
+    wide = summary_table(history, 3.0, "runs/quickstart/results.h5")
+    assert max(map(len, wide.splitlines())) > 79   # the phase times make a long row
+    narrow = summary_table(history, 3.0, "runs/quickstart/results.h5", columns=80)
+    assert max(map(len, narrow.splitlines())) <= 79
+    assert narrow.replace("\n                    | ", " ").count("eval 0.125)") == 1
