@@ -64,7 +64,7 @@ def test_fast_falling_C_never_halves_tau_in_the_stagnation_mode():
 def test_stalled_C_halves_tau_after_patience():
     """The last new minimum (10 % below the previous one) is at most round 30: the halving comes
     patience = 10 rounds after it, within rounds 31-40, to 25."""
-    taus, c = drive("stalled")
+    taus, _ = drive("stalled")
     r = first_change(taus)
     assert r is not None and SPLIT < r <= SPLIT + 10
     assert taus[r - 1] == TAU0 // 2
