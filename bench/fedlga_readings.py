@@ -1,6 +1,6 @@
 """FedLGA's three sign readings under the two gradient proxies, on two straggler jobs over three seeds.
 
-    python bench/fedlga_readings.py                      # 7 methods x 2 jobs x 3 seeds, 20 rounds: ~10 min CPU
+    python bench/fedlga_readings.py                      # 8 methods x 2 jobs x 3 seeds, 20 rounds: ~10 min CPU
     python bench/fedlga_readings.py --rounds 10 --seeds 0 --jobs synthetic
 
 Jobs (device heterogeneity ``steps = "straggler"``: in every round round(0.5 K) = 5 of the K = 10
@@ -16,7 +16,8 @@ Methods: FedAvg (truncated updates averaged as they are) and FedLGA rank1, lam 1
 (docs/algorithms/fedlga.md): B_alg1 (the paper as printed, D + G(Dbar - D), with its default guard
 alpha_min = 0), C_pseudo (hpcfl's default, D + G(D - Dbar)), A_table1 (D + G(Dbar + D)); each with
 G built from ``avg_update`` (g = D / (lr S), parallel to D: a per-client scale alpha_i) or
-``last_grad`` (the paper's Eq. 6: the mini-batch gradient at the slow client's last iterate).
+``last_grad`` (the paper's Eq. 6: the mini-batch gradient at the slow client's last iterate); and
+B_alg1 with avg_update unguarded (alpha_min = -1e30), to show what the guard stops.
 
 Printed: mean test accuracy over the seeds at round 5 and at the last round (per seed in
 brackets), the median and [5th, 95th] percentile of alpha_i (the scale of a slow update along
@@ -41,6 +42,8 @@ METHODS = {"FedAvg": {"name": "fedavg"}}
 for _v in ("B_alg1", "C_pseudo", "A_table1"):
     for _p in ("avg_update", "last_grad"):
         METHODS[f"{_v} {_p}"] = {"name": "fedlga", "lga": {"variant": _v, "grad_proxy": _p}}
+# the printed reading without its guard (alpha_min = 0 by default for B_alg1)
+METHODS["B_alg1 avg_update unguarded"] = {"name": "fedlga", "lga": {"variant": "B_alg1", "alpha_min": -1e30}}
 
 JOBS = {
     "synthetic": ({"dataset": "lga_synthetic", "partition": "shards", "shards": {"shards_per_client": 2},
@@ -87,6 +90,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="METHOD",
+                    help="rows to run (quoted labels of the table); default: all")
     a = ap.parse_args()
     if a.rounds < EARLY:
         ap.error(f"--rounds must be at least {EARLY}")
@@ -97,7 +102,7 @@ def main() -> None:
         print(f"| method | acc@{EARLY} mean (per seed) | acc@{a.rounds} mean (per seed) | alpha median [p5, p95] | "
               f"alpha > 1 | diverged |")
         print("|---|---|---|---|---|---|")
-        for label, method in METHODS.items():
+        for label, method in ((k, METHODS[k]) for k in a.methods):
             accs, divs, alphas = [], [], []
             for seed in a.seeds:
                 acc, div, alpha = run(job(name, method, seed, a.rounds))
