@@ -79,7 +79,8 @@ class LgaOptions:
                 "docs/algorithms/fedlga.md"})
     hessian: str = field(default="rank1", metadata={
         "choices": ("rank1", "diag"),
-        "help": "Hessian estimate: rank1 = g g^T (two reductions a round), diag = diag(g g^T) (one fused reduction)"})
+        "help": "Hessian estimate: rank1 = g g^T (two reductions a round), diag = diag(g g^T) (one fused reduction; "
+                "two with last_grad)"})
     grad_proxy: str = field(default="avg_update", metadata={
         "choices": ("avg_update", "raw_update", "last_grad"),
         "help": "the gradient inside G: avg_update = D_i / (lr S_i), raw_update = D_i (both parallel to D_i), "
