@@ -1,6 +1,6 @@
 """Mutation table of the FedLGA-reading and GIFT-rule tests: each mutation must make its tests fail.
 
-    python bench/mutate_fidelity.py            # 9 mutations, about 1-2 min on 2 cores
+    python bench/mutate_fidelity.py            # 12 mutations, about 1-2 min of CPU
 
 Each mutation is one textual change to a copy of the package in a temporary folder (the working
 tree is never touched); the listed tests run against that copy, and the table says whether they
@@ -30,6 +30,8 @@ MUTATIONS = [
     ("A_table1 given B's signs", LGA, '"A_table1": (1.0, 1.0)', '"A_table1": (1.0, -1.0)', [READINGS]),
     ("last_grad ignored (g = D / (lr S))", LGA, "        g = grad\n",
      "        g = D / (lr * steps)\n", [READINGS]),
+    ("last gradient taken at x^t, not x^t + D", LGA, "c.model.load(c.x0 + res.delta)", "c.model.load(c.x0)",
+     [READINGS]),
     ("B_alg1 guard removed", LGA, 'return 0.0 if self.variant == "B_alg1"', 'return -np.inf if self.variant == "B_alg1"',
      [READINGS]),
     ("literal: phase switch restored", TAU, "(literal or self.phase", "(self.phase", [LITERAL]),

@@ -128,3 +128,49 @@ def test_B_guard_stops_a_reversed_update():
     np.testing.assert_allclose(got @ d, 0.0, atol=1e-12)                # no component along D left
     corr = got - d
     np.testing.assert_allclose(corr / np.linalg.norm(corr), -g / np.linalg.norm(g), rtol=1e-12)
+
+
+def test_last_gradient_is_the_gradient_at_the_last_iterate():
+    """last_gradient(ctx, j, res, P) loads x^t + D (not x^t) and returns the batch gradient of the local
+    objective there, plus weight decay: for a linear model y ~ w . x with loss 1/2 mean (w . x - y)^2 the
+    gradient is X^T (X w - y) / n + wd w, computed here in numpy on the same batch."""
+    import types
+
+    import torch
+
+    from hpcfl.algorithms.fedlga import last_gradient
+    from hpcfl.params import FlatModel
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+
+        def forward(self, x):
+            return x @ self.w
+
+        @staticmethod
+        def loss(out, y):
+            return 0.5 * ((out - y) ** 2).mean()
+
+    rng = np.random.default_rng(5)
+    X, y = rng.standard_normal((7, 3)), rng.standard_normal(7)
+    model = FlatModel(Linear(), torch.device("cpu"), torch.float64)
+    x0, delta, wd, batch = np.array([0.5, -1.0, 2.0]), np.array([0.25, 0.5, -1.0]), 0.01, 4
+    drawn = []
+
+    def data(j, positions):
+        drawn.append(positions.numpy().copy())
+        return torch.from_numpy(X[positions.numpy()]), torch.from_numpy(y[positions.numpy()])
+
+    clients = types.SimpleNamespace(
+        model=model, x0=torch.from_numpy(x0), trainer=types.SimpleNamespace(batch_size=batch), data=data,
+        generator=lambda j: torch.Generator().manual_seed(11), loss_fn=Linear.loss, weight_decay=wd)
+    ctx = types.SimpleNamespace(clients=clients, sizes=np.array([7]))
+    res = types.SimpleNamespace(delta=torch.from_numpy(delta))
+    g = last_gradient(ctx, 0, res, 3)
+    idx = drawn[0]
+    assert len(idx) == batch
+    w = x0 + delta
+    want = X[idx].T @ (X[idx] @ w - y[idx]) / batch + wd * w
+    np.testing.assert_allclose(g, want, rtol=1e-13, atol=1e-15)
