@@ -112,7 +112,8 @@ class GiftOptions:
 
     mode: str = field(default="stagnation", metadata={
         "choices": ("stagnation", "literal", "fixed"),
-        "help": "stagnation: divide tau by gamma once C stops falling (patience rounds without a new minimum); "
+        "help": "stagnation (hpcfl's own rule, not the paper's): divide tau by gamma once C stops falling "
+                "(patience rounds without a new minimum eps_rel below the running one); "
                 "literal: Algorithm 1 as printed (C_r >= C_r-1 divides tau; with relax, line 14 at any time, no cap; "
                 "pools never reset); "
                 "fixed: record C, never change tau (the FedAvg baseline)"})
