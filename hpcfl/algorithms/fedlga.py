@@ -37,12 +37,12 @@ a per-client scalar. With last_grad the correction lam (g . v) g leaves D_i's di
 
 Reductions (all exact):
 
-- rank1 (and diag with ``corr_clip_ratio``): two. Every rank holds its slow clients'
+- rank1 (and diag with ``corr_clip_ratio`` or ``last_grad``): two. Every rank holds its slow clients'
   results; one sum of [p D | p] over the complete clients gives Dbar on every rank
   (``release``); the owning rank corrects its slow clients, which then join the round's
   one training reduction. alpha_i is gathered for the records.
-- diag with avg_update or raw_update: one, fused. A slow client adds p g*g and p g*g*D to two extra segments, the
-  complete ones [p D | p] to a third; rank 0 adds lam [beta (sum p g*g) * Dbar + sigma sum p g*g*D].
+- diag with avg_update or raw_update: one, fused. A slow client adds p g*g and p g*g*D to two
+  extra segments, the complete ones [p D | p] to a third; rank 0 adds lam [beta (sum p g*g) * Dbar + sigma sum p g*g*D].
 
 A round with no complete client is a FedAvg round (``lga_no_full`` records it).
 Buffers (batch-norm statistics) are averaged as in FedAvg, never corrected.
