@@ -8,31 +8,41 @@ With D_i = x_i - x^t the update of client i (a displacement), S_i its executed l
 the complete clients K2 = {i : steps_i = full_steps_i} and their mean
 Dbar = sum_{K2} p_j D_j / sum_{K2} p_j, every incomplete client's update is replaced by
 
-    D~_i = D_i + lam * G_i (beta * Dbar + sigma * D_i),      g_i = D_i / (lr * S_i)   (avg_update)
+    D~_i = D_i + lam * G_i (beta * Dbar + sigma * D_i)
 
 with G_i = g_i g_i^T applied as g_i (g_i . v) (``hessian = "rank1"``, never an n x n matrix)
-or diag(g_i * g_i) (``"diag"``). The signs (beta, sigma) are the reading of the paper's
-contradictory sign convention (``variant``, docs/algorithms/fedlga.md):
+or diag(g_i * g_i) (``"diag"``), and g_i (``grad_proxy``): ``"avg_update"`` D_i / (lr S_i),
+``"raw_update"`` D_i, or ``"last_grad"`` the mini-batch gradient of the local objective at the
+client's last iterate x^t + D_i (Eq. 6 of the paper: the client sends one more (P,) vector; here
+the owning rank computes it on one batch of the client's data keyed by (seed, round, client)).
+The signs (beta, sigma) are the reading of the paper's sign convention (``variant``,
+docs/algorithms/fedlga.md derives each from the paper's lines):
 
-- ``"C_pseudo"`` (default), (-1, +1): Table I's pseudo-gradients w^t - w_i in every line of
-  Algorithm 2, D~_i = D_i + lam G_i (D_i - Dbar); it extends slow updates;
-- ``"B_alg1"``, (+1, -1): Algorithm 1's displacements in every line, D + lam G (Dbar - D);
-  it shrinks them (the mirror image of C_pseudo);
-- ``"A_table1"``, (+1, +1): line 7 read with pseudo-gradients but line 14 with
-  displacements, D + lam G (Dbar + D); mixes the two conventions, kept for comparison.
+- ``"B_alg1"``, (+1, -1): the paper as printed. Algorithm 1 returns Delta = w_{E_i} - w^t, so
+  Algorithm 2 line 7 gives w_bar = w^t + Dbar, line 11 (Eq. 5) D + G (w_bar - w_{E_i}) =
+  D + lam G (Dbar - D), and line 14 / Eq. 7 step with a plus sign; no sign is changed. For
+  avg_update and raw_update its alpha_i = 1 - lam ||g||^2 (...) can turn a slow update around,
+  so alpha_min defaults to 0 for it (the guard, see ``alpha_min``);
+- ``"C_pseudo"`` (default), (-1, +1): a motivated deviation. Table I's pseudo-gradients
+  Delta = w^t - w_{E_i} with three printed signs flipped (line 7, line 14, Eq. 7),
+  D~_i = D_i + lam G_i (D_i - Dbar); with g parallel to D it extends slow updates late in
+  training (measured in the docs);
+- ``"A_table1"``, (+1, +1): line 7 as printed with pseudo-gradients, lines 11 and 14 flipped,
+  D + lam G (Dbar + D); inconsistent, kept for comparison.
 
 Then the server averages sum_i p_i D~_i / sum_i p_i as FedAvg does (and the server optimizer
 applies server_lr, the paper's eta_g). Under rank1 + avg_update, D~_i = alpha_i D_i with
-alpha_i = 1 + lam (beta D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2.
+alpha_i = 1 + lam (beta D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2: the "Hessian correction" is
+a per-client scalar. With last_grad the correction lam (g . v) g leaves D_i's direction.
 
 Reductions (all exact):
 
-- rank1 (and diag with ``corr_clip_ratio``): two. Every rank holds its slow clients'
+- rank1 (and diag with ``corr_clip_ratio`` or ``last_grad``): two. Every rank holds its slow clients'
   results; one sum of [p D | p] over the complete clients gives Dbar on every rank
   (``release``); the owning rank corrects its slow clients, which then join the round's
   one training reduction. alpha_i is gathered for the records.
-- diag: one, fused. A slow client adds p g*g and p g*g*D to two extra segments, the
-  complete ones [p D | p] to a third; rank 0 adds lam [beta (sum p g*g) * Dbar + sigma sum p g*g*D].
+- diag with avg_update or raw_update: one, fused. A slow client adds p g*g and p g*g*D to two
+  extra segments, the complete ones [p D | p] to a third; rank 0 adds lam [beta (sum p g*g) * Dbar + sigma sum p g*g*D].
 
 A round with no complete client is a FedAvg round (``lga_no_full`` records it).
 Buffers (batch-norm statistics) are averaged as in FedAvg, never corrected.
@@ -63,19 +73,24 @@ class LgaOptions:
 
     variant: str = field(default="C_pseudo", metadata={
         "choices": tuple(VARIANTS),
-        "help": "sign reading of the paper: C_pseudo (pseudo-gradients throughout) extends slow updates, "
-                "D + G(D - Dbar); B_alg1 (displacements throughout) shrinks them, D + G(Dbar - D); A_table1 "
-                "mixes the two, D + G(Dbar + D)"})
+        "help": "sign reading of the paper: B_alg1 is the paper as printed (Alg. 1-2, Eq. 5, 7), D + G(Dbar - D), "
+                "guarded by alpha_min = 0; C_pseudo (default) is a motivated deviation (Table I's pseudo-gradients, "
+                "three printed signs flipped), D + G(D - Dbar); A_table1 is inconsistent, D + G(Dbar + D); "
+                "docs/algorithms/fedlga.md"})
     hessian: str = field(default="rank1", metadata={
         "choices": ("rank1", "diag"),
-        "help": "Hessian estimate: rank1 = g g^T (two reductions a round), diag = diag(g g^T) (one fused reduction)"})
+        "help": "Hessian estimate: rank1 = g g^T (two reductions a round), diag = diag(g g^T) (one fused reduction; "
+                "two with last_grad)"})
     grad_proxy: str = field(default="avg_update", metadata={
-        "choices": ("avg_update", "raw_update"),
-        "help": "the gradient inside G: avg_update = D_i / (lr S_i), raw_update = D_i"})
+        "choices": ("avg_update", "raw_update", "last_grad"),
+        "help": "the gradient inside G: avg_update = D_i / (lr S_i), raw_update = D_i (both parallel to D_i), "
+                "last_grad = the paper's Eq. 6, the gradient at the slow client's last iterate (one more P-vector "
+                "uploaded and one more forward-backward per slow client)"})
     lam: float = field(default=1.0, metadata={
         "ge": 0, "help": "scale lambda of the correction; 1 is the paper's, 0 gives FedAvg"})
     alpha_min: Optional[float] = field(default=None, metadata={
-        "help": "rank1 only: clip alpha_i (D~_i = alpha_i D_i along D_i) from below; unset: no clip"})
+        "help": "rank1 only: clip alpha_i (the scale of D~_i along D_i) from below; unset: 0 for B_alg1 (its guard "
+                "against turning a slow update around), no clip for the other readings"})
     alpha_max: Optional[float] = field(default=None, metadata={
         "help": "rank1 only: clip alpha_i from above; unset: no clip"})
     alpha_max_extrapolate: bool = field(default=False, metadata={
@@ -98,6 +113,13 @@ class LgaOptions:
         return p
 
     @property
+    def alpha_floor(self) -> float:
+        """The lower clip of alpha_i: alpha_min, or 0 for B_alg1 when unset (its guard), else -inf."""
+        if self.alpha_min is not None:
+            return self.alpha_min
+        return 0.0 if self.variant == "B_alg1" and self.hessian == "rank1" else -np.inf
+
+    @property
     def beta(self) -> float:
         """Sign of Dbar in D~_i = D_i + lam G_i (beta Dbar + sigma D_i)."""
         return VARIANTS[self.variant][0]
@@ -109,7 +131,7 @@ class LgaOptions:
 
 
 def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: float,
-            opts: LgaOptions) -> tuple[np.ndarray, float]:
+            opts: LgaOptions, grad: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """One slow client's approximated full update and its alpha (NaN for diag).
 
     Parameters
@@ -122,6 +144,8 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
         The complete clients' mean update.
     lr : float
         The round's client learning rate.
+    grad : (P,) float64 or None
+        The gradient at the client's last iterate (``grad_proxy = "last_grad"``; required then).
 
     Returns
     -------
@@ -129,7 +153,12 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
     Costs O(P) time and memory.
     """
     # At most three (P,) temporaries live at once (g, v or corr, the result): memory O(P).
-    g = D / (lr * steps) if opts.grad_proxy == "avg_update" else D
+    if opts.grad_proxy == "last_grad":
+        if grad is None:
+            raise ValueError("grad_proxy = 'last_grad' needs the gradient at the client's last iterate")
+        g = grad
+    else:
+        g = D / (lr * steps) if opts.grad_proxy == "avg_update" else D
     v = opts.sigma * D
     if opts.beta > 0:      # in place: no fourth (P,) temporary
         v += dbar
@@ -141,13 +170,17 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
         del v
         corr = coef * g
         alpha = 1.0 + float(corr @ D) / dd if dd > 0 else 1.0
-        lo = opts.alpha_min if opts.alpha_min is not None else -np.inf
+        lo = opts.alpha_floor
         hi = opts.alpha_max if opts.alpha_max is not None else np.inf
         if opts.alpha_max_extrapolate:
             hi = min(hi, full_steps / steps)
         if not lo <= alpha <= hi:
-            alpha = float(np.clip(alpha, lo, hi))
-            corr = (alpha - 1.0) * D
+            clipped = float(np.clip(alpha, lo, hi))
+            if opts.grad_proxy == "last_grad":   # shrink the correction, keeping its direction
+                corr *= (clipped - 1.0) / (alpha - 1.0)
+            else:                                # corr is parallel to D: the same, written exactly
+                corr = (clipped - 1.0) * D
+            alpha = clipped
         return D + corr, alpha
     corr = g * g
     corr *= v
@@ -158,6 +191,26 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
         if norm > cap:
             corr *= cap / norm
     return D + corr, float("nan")
+
+
+def last_gradient(ctx, j: int, res, P: int) -> np.ndarray:
+    """The paper's g_i (Eq. 6): the gradient of client ``j``'s local objective at its last iterate.
+
+    One mini-batch of the trainer's batch size, drawn from the client's data with the generator
+    keyed by (seed, STATS, round, client), so the value does not depend on which rank computes it;
+    plus the L2 term of weight decay. Costs one forward-backward; returns (P,) float64.
+    """
+    # torch, imported here: reading a job must not import it
+    from ..client.stats import stats_sample
+
+    c = ctx.clients
+    c.model.load(c.x0 + res.delta)
+    c.model.module.train()
+    x, y = c.data(j, stats_sample(int(ctx.sizes[j]), c.trainer.batch_size, c.generator(j)))
+    g = c.model.grad(c.loss_fn(c.model.module(x), y)).detach().double()
+    if c.weight_decay:
+        g = g + c.weight_decay * c.model.weights.detach().double()
+    return g.cpu().numpy()[:P]
 
 
 class LgaRule(AverageRule):
@@ -192,7 +245,8 @@ class LgaRule(AverageRule):
     def __init__(self, opts: LgaOptions, num_params: int, normalize: bool = True):
         super().__init__(num_params, normalize)
         self.opts = opts
-        self.fused = opts.hessian == "diag" and opts.corr_clip_ratio is None
+        # last_grad needs the gradient at the last iterate, computed in release: the two-reduction path
+        self.fused = opts.hessian == "diag" and opts.corr_clip_ratio is None and opts.grad_proxy != "last_grad"
         self.no_full_rounds = 0
         self._full_rows: list[np.ndarray] = []
         self._round = {}
@@ -243,7 +297,8 @@ class LgaRule(AverageRule):
             dbar = sums[:P] / sums[P]
             where = {int(j): i for i, j in enumerate(ctx.mine)}
             for j, _, res in held:
-                new, a = correct(res.host()[:P], res.steps, int(ctx.full_steps[j]), dbar, ctx.lr, self.opts)
+                grad = last_gradient(ctx, int(j), res, P) if self.opts.grad_proxy == "last_grad" else None
+                new, a = correct(res.host()[:P], res.steps, int(ctx.full_steps[j]), dbar, ctx.lr, self.opts, grad)
                 # a copy: host() may be a view of res.delta, which SCAFFOLD or FedDyn must still see as
                 # the client's real update
                 adjusted = res.host().copy()
@@ -258,6 +313,13 @@ class LgaRule(AverageRule):
         self._round["time"] = time.perf_counter() - t0
         if self.opts.hessian == "rank1":
             self._round["alpha"] = ctx.collective.gather("lga_alpha", ctx.mine, alpha, len(ctx.cohort))[:, 0]
+        if self.opts.grad_proxy == "last_grad" and held:
+            ctx.clients.load_x0()     # last_gradient loaded each slow client's last iterate
+
+    def transfer(self) -> tuple[int, int]:
+        # last_grad: a slow client uploads its last gradient; the clock charges every client (it cannot
+        # know in advance whether the server will need it), so the figure is an upper bound
+        return (self.num_params, 0) if self.opts.grad_proxy == "last_grad" else (0, 0)
 
     # ---- server -------------------------------------------------------------------------
     def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:

@@ -112,8 +112,10 @@ class GiftOptions:
 
     mode: str = field(default="stagnation", metadata={
         "choices": ("stagnation", "literal", "fixed"),
-        "help": "stagnation: divide tau by gamma once C stops falling (patience rounds without a new minimum); "
-                "literal: Algorithm 1 as printed (C_r >= C_r-1 divides tau, pools never reset; tests only); "
+        "help": "stagnation (hpcfl's own rule, not the paper's): divide tau by gamma once C stops falling "
+                "(patience rounds without a new minimum eps_rel below the running one); "
+                "literal: Algorithm 1 as printed (C_r >= C_r-1 divides tau; with relax, line 14 at any time, no cap; "
+                "pools never reset); "
                 "fixed: record C, never change tau (the FedAvg baseline)"})
     theta: float = field(default=0.9, metadata={"ge": 0, "help": "EMA decay of the pools P~, N~ (< 1)"})
     gamma: float = field(default=2.0, metadata={"help": "tau becomes ceil(tau / gamma) (> 1)"})
@@ -141,8 +143,9 @@ class GiftOptions:
     delta: int = field(default=5, metadata={"ge": 1, "help": "relaxation step added to tau"})
     o: int = field(default=10, metadata={"ge": 1, "help": "relaxation window: rounds of strictly falling C"})
     phase: str = field(default="initial", metadata={
-        "choices": ("initial", "always"), "help": "relax only before the first decrease (initial) or always"})
-    tau_max: int = field(default=0, metadata={"ge": 0, "help": "cap on a relaxed tau; 0: 10 x tau0"})
+        "choices": ("initial", "always"),
+        "help": "stagnation mode: relax only before the first decrease (initial) or always (literal: always)"})
+    tau_max: int = field(default=0, metadata={"ge": 0, "help": "stagnation mode: cap on a relaxed tau; 0: 10 x tau0 (literal: no cap)"})
 
     def validate(self) -> list[str]:
         p = []

@@ -46,7 +46,10 @@ def optimal_steps(mu_l, v_l, mu_g, v_g, batch: int, r_max: float = 1e6) -> dict:
     mu_l, v_l, mu_g, v_g : ndarray, shape (d,)
         The client's and the global (:func:`global_moments`) statistics; v >= 0.
     batch : int
-        B, the number of per-sample gradients behind the statistics.
+        B, the mini-batch size of the local SGD step (``algorithm.batch_size``): one step's gradient
+        noise has covariance Sigma / B, so the variances enter L, M, N divided by B. It is not the
+        number of per-sample gradients behind ``mu`` and ``v`` (``stat_batch``, which only sets how
+        well they are estimated); the spec's B equals the batch size in the paper's experiments.
     r_max : float
         Cap on the GSNR, reached when a_l is parallel to a_g (r = inf in theory).
 

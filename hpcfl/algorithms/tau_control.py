@@ -175,15 +175,16 @@ class GiftController(_Packed):
       and zeroes the pools if ``reset_ema_on_tau_change``. Relaxation adds ``delta`` after ``o``
       rounds of strictly falling C with tau unchanged (phase "initial": only before the first
       decrease).
-    - ``"literal"``: Algorithm 1 as printed, nothing added. From round 2, C_r >= C_{r-1}
-      divides tau; otherwise line 14 (read: C fell strictly in each of the last o rounds, tau
-      unchanged in them) adds delta when relaxation is on (phase as above). The pools are
-      never reset (``reset_ema_on_tau_change``, patience, warm-up, the thresholds and the peak
-      guard belong to the stagnation mode).
+    - ``"literal"``: Algorithm 1 (lines 12-15) as printed, nothing added. From round 2,
+      C_r >= C_{r-1} divides tau (line 12-13); otherwise line 14 (C fell strictly in each of the
+      last o rounds, tau unchanged in them) adds delta when relaxation is on, at any time and
+      without a cap (``phase`` and ``tau_max`` belong to the stagnation mode, as do
+      ``reset_ema_on_tau_change``, patience, warm-up, the thresholds and the peak guard: the
+      pools are never reset). Only the floor ``tau_min`` stays (tau is a whole step count >= 1).
     - ``"fixed"``: tau never changes (FedAvg with C recorded).
 
-    Division is ceil(tau / gamma), never below ``tau_min``; relaxed tau is capped at ``tau_max``
-    (None: 10 tau0). Defaults are the paper's (theta 0.9, gamma 2, delta 5, o 10).
+    Division is ceil(tau / gamma), never below ``tau_min``; in the stagnation mode relaxed tau is
+    capped at ``tau_max`` (None: 10 tau0). Defaults are the paper's (theta 0.9, gamma 2, delta 5, o 10).
     """
 
     _NAMES = ("round", "tau", "c_min", "r_min", "last_change", "patience_cur", "peaked", "dec_streak",
@@ -249,9 +250,10 @@ class GiftController(_Packed):
         self.hist = (self.hist + [C])[-(self.o + 1):]
         return Decision(C, used, self.tau, reason if self.tau != used else None)
 
-    def _may_relax(self) -> bool:
+    def _may_relax(self, literal: bool = False) -> bool:
+        """Line 14's condition; the stagnation mode adds the phase rule, the literal mode does not."""
         return (self.relaxation and self.dec_streak >= self.o and self.r - self.last_change >= self.o
-                and (self.phase == "always" or not self.decreased_once))
+                and (literal or self.phase == "always" or not self.decreased_once))
 
     def _divide(self) -> None:
         self.tau = max(self.tau_min, _ceil_div(self.tau, self.gamma))
@@ -275,8 +277,8 @@ class GiftController(_Packed):
             if self.tau > self.tau_min:
                 self._divide()
             return "literal"
-        if self._may_relax():                   # line 14
-            self.tau = min(self.tau_max, self.tau + self.delta)
+        if self._may_relax(literal=True):       # lines 14-15: no phase switch, no cap
+            self.tau += self.delta
             return "relax"
         return None
 

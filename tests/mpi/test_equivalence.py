@@ -74,6 +74,11 @@ CASES = {
                             "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
                             "algorithm.straggler.tau_max": 4, "algorithm.straggler.tau_min": 2,
                             "algorithm.lga.variant": "B_alg1", "algorithm.lr": 0.02},
+    # the paper's G: the last-iterate gradient is computed by the rank that holds the slow client
+    "fedlga_B_alg1_last_grad": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
+                                "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
+                                "algorithm.straggler.tau_max": 4, "algorithm.straggler.tau_min": 2,
+                                "algorithm.lga.variant": "B_alg1", "algorithm.lga.grad_proxy": "last_grad"},
     "fedlga_A_diag_fused_prox": {"algorithm.name": "fedlga", "algorithm.local": "prox", "algorithm.mu": 0.1,
                                  "algorithm.steps": "straggler", "run.rounds": 3, "algorithm.straggler.unit": "step",
                                  "algorithm.local_steps": 6, "algorithm.straggler.tau_max": 4,

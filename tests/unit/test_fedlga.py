@@ -33,6 +33,9 @@ from hpcfl.client.trainer import ClientResult
 from hpcfl.parallel.comm import Collectives, ExactSum
 
 VARIANTS = ("C_pseudo", "B_alg1", "A_table1")
+# B_alg1's rank1 alpha_i is clipped at 0 unless alpha_min is set: the operator tests below check the unguarded
+# formula, so they lift the guard (test_fedlga_readings.py checks the guard itself)
+UNGUARDED = {"alpha_min": -1e30}   # finite: a job table carries it
 SIGNS = {"C_pseudo": (-1.0, 1.0), "B_alg1": (1.0, -1.0), "A_table1": (1.0, 1.0)}    # (beta, sigma)
 # The three ways the rule can run: rank1 (two reductions), diag fused into the training reduction (one),
 # and diag with a correction clip, which needs Dbar first (two reductions); the clip is set far above any
@@ -190,8 +193,9 @@ def test_A3_operators_equal_the_explicit_matrices(n, variant, proxy):
     beta, sigma = SIGNS[variant]
     v = beta * dbar + sigma * d
     for hessian, matrix in (("rank1", np.outer(g, g) @ v), ("diag", np.diag(np.outer(g, g)) * v)):
+        lift = UNGUARDED if hessian == "rank1" else {}
         got, _ = correct(d, steps, 5, dbar, lr, LgaOptions(variant=variant, hessian=hessian, grad_proxy=proxy,
-                                                              lam=lam))
+                                                              lam=lam, **lift))
         want = d + lam * matrix
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
 
@@ -207,7 +211,7 @@ def test_A4_rank1_correction_rescales_the_update(variant, lr):
     lam, signs = 0.9, set()
     for seed, steps in ((1, 2), (2, 3), (3, 4)):
         d, dbar = random_client(50, seed)
-        got, alpha = correct(d, steps, 5, dbar, lr, LgaOptions(variant=variant, lam=lam))
+        got, alpha = correct(d, steps, 5, dbar, lr, LgaOptions(variant=variant, lam=lam, **UNGUARDED))
         want_alpha = 1 + lam * (beta * (d @ dbar) + sigma * (d @ d)) / (lr * steps) ** 2
         cos = got @ d / (np.linalg.norm(got) * np.linalg.norm(d))
         assert abs(abs(cos) - 1) <= 1e-12
@@ -261,8 +265,9 @@ def test_A5_pseudo_gradient_implementation_gives_the_same_model(variant, hessian
     and diag(g * g) are even in g, and float negation is exact, so the flipped run is bitwise equal."""
     w, deltas, steps, full = random_round(7)
     lr, eta_g, lam = 0.1, 1.5, 0.8
+    lift = {"lga.alpha_min": -1e30} if hessian == "rank1" else {}
     x, *_ = engine_round(w, deltas, steps, full, lr, eta_g, name="fedlga", **{
-        "lga.variant": variant, "lga.hessian": hessian, "lga.lam": lam})
+        "lga.variant": variant, "lga.hessian": hessian, "lga.lam": lam, **lift})
     ref = alg2_pseudo_gradients(w, -deltas, steps, full, lr, eta_g, variant, hessian, lam)
     flipped = alg2_pseudo_gradients(w, -deltas, steps, full, lr, eta_g, variant, hessian, lam, flip_g=True)
     np.testing.assert_allclose(x, ref, rtol=1e-12, atol=1e-12)
@@ -293,7 +298,7 @@ def test_C2_reference_aggregate_equals_the_two_phase_engine(variant, path):
     tau_i = E - S_i + 1 with E = 5 steps), for both variants and every reduction path."""
     w, deltas, steps, full = random_round(11, k=12, n=64)
     lr, eta_g, lam = 0.05, 1.0, 1.0
-    opts = PATHS[path]
+    opts = {**PATHS[path], **(UNGUARDED if path == "rank1" else {})}
     x, *_ = engine_round(w, deltas, steps, full, lr, eta_g, name="fedlga", **{
         "lga.variant": variant, **{f"lga.{k}": v for k, v in opts.items()}})
     ref = fedlga_aggregate(w, deltas, full - steps + 1, steps, lr, eta_g, lam, variant, opts["hessian"])

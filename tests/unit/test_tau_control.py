@@ -163,6 +163,19 @@ def test_B1_literal_line14_and_fixed():
     assert taus(fixed) == [100] * 50 and fixed[1].C == fixed[0].C and fixed[-1].C < 0.2
 
 
+def test_B1_literal_relaxation_has_no_phase_switch_and_no_cap():
+    """Algorithm 1 lines 14-15 hold at any time and add delta without a bound. After the halving at
+    round 2 (C_2 = C_1), three falls (o = 3) relax 5 back to 10 although phase = "initial" (the
+    stagnation mode's rule) is left at its default; with tau0 = 2, o = 1, tau climbs 2, 7, 12, ...
+    past 10 tau0 = 20, where the stagnation mode's cap would stop it."""
+    after = scripted([0.5, 0.5, 0.4, 0.3, 0.2], 10, mode="literal", relaxation=True, o=3)
+    assert taus(after) == [10, 5, 5, 5, 10] and after[4].reason == "relax"
+    falling = [1 - 0.1 * r for r in range(6)]
+    assert taus(scripted(falling, 2, mode="literal", relaxation=True, o=1)) == [2, 7, 12, 17, 22, 27]
+    capped = scripted(falling, 2, mode="stagnation", relaxation=True, o=1, warmup=100)
+    assert max(taus(capped)) == 20
+
+
 def test_B2_falling_C_never_changes_tau():
     """A new minimum (a drop of 0.002 > eps_abs) every round keeps r - r_min = 0 < patience."""
     decisions = scripted([1 - 0.002 * r for r in range(300)])
