@@ -145,7 +145,8 @@ class GiftOptions:
     phase: str = field(default="initial", metadata={
         "choices": ("initial", "always"),
         "help": "stagnation mode: relax only before the first decrease (initial) or always (literal: always)"})
-    tau_max: int = field(default=0, metadata={"ge": 0, "help": "stagnation mode: cap on a relaxed tau; 0: 10 x tau0 (literal: no cap)"})
+    tau_max: int = field(default=0, metadata={
+        "ge": 0, "help": "stagnation mode: cap on a relaxed tau; 0: 10 x tau0 (literal: no cap)"})
 
     def validate(self) -> list[str]:
         p = []
