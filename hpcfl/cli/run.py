@@ -191,7 +191,8 @@ def _run(args, comm) -> int:
 
     sim_time = comm.bcast(loaded.meta.get("sim_time", 0.0) if loaded else 0.0, root=0)
     x = resume.restore(setup, loaded.arrays if loaded else None) if mode == "resume" else None
-    devices = comm.gather(str(setup.device), root=0)
+    placed = comm.gather((str(setup.device), setup.placement.describe(comm.rank)), root=0) or []
+    devices = [d for d, _ in placed]
     writer = progress = None
     history: list[dict] = []
     if comm.rank == 0:
@@ -211,6 +212,9 @@ def _run(args, comm) -> int:
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{comm.size} rank(s), device {setup.device}, {setup.threads} thread(s)/rank{auto}; startup "
               f"{time.perf_counter() - t_start:.1f} s", flush=True)
+        if any(d != "cpu" for d in devices):   # which GPU each rank took (docs/guide.md, "Devices")
+            for _, line in placed:
+                print(f"hpcfl: {line}", flush=True)
         for note in (*cfg.notes, *notices.start_notes(cfg), *setup.algo.notes):
             print(f"hpcfl: note: {note}", flush=True)
         accuracy = getattr(setup.model.module, "loss", None) is None   # the quadratic has a loss, no accuracy

@@ -184,7 +184,11 @@ class RuntimeSection:
                 "not reproducible across rank counts"})
     device: str = field(default="auto", metadata={
         "choices": ("auto", "cpu", "cuda"),
-        "help": "auto: cuda:<node-local rank mod GPUs> when CUDA is available, else the CPU"})
+        "help": "auto: one GPU per rank when CUDA is available (the node's ranks take GPUs in node-local rank "
+                "order, each the least used one it sees), else the CPU; cuda: the same, and exit 2 without CUDA"})
+    share_gpus: bool = field(default=False, metadata={
+        "help": "let ranks of a node share GPUs when they outnumber them (least used first); false: more ranks "
+                "than GPUs on a node is refused (exit 2). Results are the same either way"})
     deterministic: bool = field(default=True, metadata={
         "help": "bitwise reproducible on a GPU: torch's deterministic algorithms, cuDNN's deterministic "
                 "(not benchmarked) kernels and CUBLAS_WORKSPACE_CONFIG=:4096:8, set before CUDA starts; an "
