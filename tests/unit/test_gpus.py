@@ -31,6 +31,9 @@ def test_partly_overlapping_views_still_give_distinct_gpus():
     assert assign(seen, share=False) == [0, 1, 0, 1]
     picked = [s[k] for s, k in zip(seen, assign(seen, share=False))]
     assert sorted(picked) == ALL4
+    # sockets interleaved over local ranks: "node-local rank mod GPUs seen" gave ranks 0 and 2 GPU-a
+    seen = [["GPU-a", "GPU-b"], ["GPU-c", "GPU-d"], ["GPU-a", "GPU-b"], ["GPU-c", "GPU-d"]]
+    assert assign(seen, share=False) == [0, 0, 1, 1]
 
 
 def test_more_ranks_than_gpus_is_refused_naming_counts_and_fixes():
@@ -46,6 +49,7 @@ def test_more_ranks_than_gpus_is_refused_naming_counts_and_fixes():
 def test_sharing_spreads_ranks_over_the_least_used_gpus():
     assert assign([["GPU-a", "GPU-b"]] * 5, share=True) == [0, 1, 0, 1, 0]
     assert assign([["GPU-a"], ["GPU-a"], ["GPU-a"]], share=True) == [0, 0, 0]
+    assert assign([["GPU-a", "GPU-b"], ["GPU-a"], ["GPU-a", "GPU-b"]], share=True) == [0, 0, 1]   # b was idle
 
 
 def test_a_rank_without_gpus_runs_on_the_cpu():
