@@ -144,6 +144,7 @@ def _run(args, comm) -> int:
     from ..config import notices
     from ..engine import resume, simulation
     from ..engine.control import RunControl, final_write, write_failed
+    from ..engine.watchdog import Limits
     from ..io.results import ResultsWriter, metric_rows
     from ..parallel.exits import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE
     from ..parallel.runtime import NondeterministicOp, versions
@@ -254,7 +255,8 @@ def _run(args, comm) -> int:
                 writer.close()
             exit_all(EXIT_WRITE)
 
-    control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s, cfg.checkpoint.every_minutes)
+    control = RunControl(comm, cfg.guard, Limits.of(cfg.watchdog, comm.size), cfg.checkpoint.every_minutes,
+                         resumed_from=start)
     try:
         x = simulation.run(setup, on_round=on_round, start=start, sim_time=sim_time, x=x, control=control,
                            checkpoint=checkpoint)
@@ -283,6 +285,7 @@ def _run(args, comm) -> int:
             what = "resumable: run the same command again to continue" if resumable else "stopped by the guard"
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
         exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
+    control.phase("final", cfg.run.rounds - 1)   # rank 0 copies results.h5: a first of its kind, start-up allowance
     if comm.rank == 0:
         final_write(writer.write_final, x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
                     setup.dataset.num_classes)

@@ -313,9 +313,10 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
         t3 = time.perf_counter()
 
         # 7. evaluation (test chunks split over ranks), then rank 0 records the round
-        control.phase("eval", rnd)
+        evaluating = rnd == cfg.run.rounds - 1 or bool(cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0)
+        control.phase("eval", rnd, "eval" if evaluating else "record")   # the watchdog times the two apart
         test_acc = test_loss = train_acc = train_loss = float("nan")
-        if rnd == cfg.run.rounds - 1 or (cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0):
+        if evaluating:
             s.model.load(x)
             test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
             if train_eval is not None:
@@ -343,7 +344,7 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
         if checkpoint is not None and (stop or timely or done == cfg.run.rounds or (every and done % every == 0)):
             control.phase("checkpoint", rnd)
             checkpoint(done, to_host(x), sim_time)
-            control.checkpointed()
+            control.checkpointed(done)
         if stop and done < cfg.run.rounds:   # a stop after the last round changes nothing: the run finishes
             raise Stopped(f"stopped by {stop} after round {done} with a checkpoint")
     return to_host(x)
