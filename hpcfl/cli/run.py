@@ -121,6 +121,7 @@ def _commit(cfg, out: Path, plan: Plan):
         if cfg.results.locking and not rundir.holding():
             rundir.lock(out)
         rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
+        rundir.clear_stall(out)   # an earlier attempt's watchdog note; this attempt has not stalled
         store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
         store.clean_temp()
     except OSError as exc:
@@ -256,7 +257,7 @@ def _run(args, comm) -> int:
             exit_all(EXIT_WRITE)
 
     control = RunControl(comm, cfg.guard, Limits.of(cfg.watchdog, comm.size), cfg.checkpoint.every_minutes,
-                         resumed_from=start)
+                         resumed_from=start, out=out)
     try:
         x = simulation.run(setup, on_round=on_round, start=start, sim_time=sim_time, x=x, control=control,
                            checkpoint=checkpoint)

@@ -14,6 +14,11 @@ minute-long ones are both watched without tuning::
     limit = max(floor_s, factor * max(slowest round so far, this round's time before this phase))
     and at least startup_s while no round has finished, or in a phase of a kind not yet finished
 
+Under ``srun`` the job's exit code cannot say 75: ``MPI_Abort`` makes Slurm kill every task,
+and ``srun`` reports 137. So each aborting rank first leaves ``<out>/.hpcfl-stalled`` (the
+message), which a batch script reads to requeue (slurm/README.md); rank 0 removes it when a run
+starts. The write gets 2 s in a thread of its own: a stuck file system must not stop the abort.
+
 Time in which this process itself did not run (the whole job stopped by ``scontrol suspend``
 or a Ctrl-Z, a suspended laptop) is not counted: the thread notices that it woke far later than
 it asked to.
@@ -25,7 +30,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from ..io import safefs
 from ..parallel.exits import EXIT_RESUMABLE
 
 # A wake-up this much later than asked means this process was stopped (not starved for a
@@ -73,10 +80,12 @@ class Watchdog:
         ``start=False``).
     start : bool
         Start the watching thread (when the limits are on).
+    marker : Path, optional
+        Where to leave the message before aborting (``<out>/.hpcfl-stalled``).
     """
 
-    def __init__(self, comm, limits, clock=time.monotonic, start: bool = True):
-        self.comm = comm
+    def __init__(self, comm, limits, clock=time.monotonic, start: bool = True, marker: Path | None = None):
+        self.comm, self.marker = comm, marker
         self.limits = limits if isinstance(limits, Limits) else Limits(fixed=float(limits))
         self.clock = clock
         self.paused = 0.0               # seconds this process did not run (not counted)
@@ -160,13 +169,31 @@ class Watchdog:
                 f"resume from {resume}. If round {rnd + 1} is only slow, raise watchdog.floor_s or "
                 f"watchdog.startup_s, or set watchdog.timeout_s (0: off)")
 
+    def leave_marker(self, text: str, wait: float = 2.0) -> None:
+        """Write ``text`` to :attr:`marker` (temporary name, renamed: ranks that abort together
+        each leave a whole file), giving up after ``wait`` seconds; errors are ignored."""
+        if self.marker is None:
+            return
+
+        def write():
+            try:
+                safefs.write_new(self.marker, (text + "\n").encode())
+            except (OSError, ValueError):   # a stuck or full file system: the abort matters more
+                pass
+
+        t = threading.Thread(target=write, name="hpcfl-stall-marker", daemon=True)
+        t.start()
+        t.join(wait)
+
     def _watch(self) -> None:
         period = self.period()
         while not self._stopped.wait(period):
             over = self.tick(period)
             if over is None:
                 continue
-            print(self.message(*over), file=sys.stderr, flush=True)
+            text = self.message(*over)
+            print(text, file=sys.stderr, flush=True)
+            self.leave_marker(text)
             # MPI_Abort tears mpiexec down at once; without a pause the launcher can exit
             # before it forwards this line (seen in CI: an empty stderr). Every rank
             # that times out in the pause prints too, so the user sees each rank's phase.

@@ -76,9 +76,12 @@ def gone(pid: int, within: float = 10.0) -> bool:
 
 
 def resumes_bitwise(ref, jobfile, out, ranks):
+    # what a batch script requeues on under srun, whose exit code is 137 after MPI_Abort
+    assert "stuck in phase" in (out / ".hpcfl-stalled").read_text()
     p = hpcfl("run", jobfile, "--out", str(out), *LOW, ranks=ranks, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "resuming from ckpt-" in p.stdout
+    assert not (out / ".hpcfl-stalled").exists()                       # the rerun did not stall
     assert_same_run(ref / "out", out)
 
 

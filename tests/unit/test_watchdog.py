@@ -122,3 +122,12 @@ def test_time_this_process_was_stopped_is_not_counted():
         clock.t += 1.0
         over = w.tick(1.0)
     assert over is not None and over[0] > 60.0
+
+
+def test_the_stall_note_is_left_for_a_batch_script(tmp_path):
+    w = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / ".hpcfl-stalled")
+    w.leave_marker("hpcfl watchdog: rank 1 stuck")
+    assert (tmp_path / ".hpcfl-stalled").read_text() == "hpcfl watchdog: rank 1 stuck\n"
+    gone = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / "no" / "such" / "folder" / "x")
+    gone.leave_marker("text")                                   # an unwritable place: ignored, no raise
+    assert not (tmp_path / "no").exists()
