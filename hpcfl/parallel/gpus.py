@@ -114,7 +114,8 @@ def place(comm, choice: str, share: bool = False, visible=visible_gpus) -> Place
     choice : {"auto", "cpu", "cuda"}
         ``runtime.device``: ``auto`` takes a GPU when the rank sees one, else the CPU.
     share : bool
-        ``runtime.share_gpus``.
+        ``runtime.share_gpus``; ``HPCFL_SHARE_GPUS=1`` in the environment shares too (a site's
+        module file, or a test suite run on a machine with one GPU).
     visible : callable
         Returns the GPU identities this rank sees (:func:`visible_gpus`; tests fake it).
 
@@ -131,7 +132,7 @@ def place(comm, choice: str, share: bool = False, visible=visible_gpus) -> Place
         local.Free()
     if choice == "cuda" and not mine:
         raise ConfigError("runtime.device = 'cuda' but CUDA is not available on this node; use 'auto' or 'cpu'")
-    picks = assign(seen, share)
+    picks = assign(seen, share or os.environ.get("HPCFL_SHARE_GPUS") == "1")
     host = socket.gethostname()
     if picks[lr] is None:
         return Placement(torch.device("cpu"), host, lr, ls)

@@ -105,9 +105,12 @@ def test_rank_stopped_from_outside_ends_three_ranks_with_exit_75_then_resumes_bi
     p = start("run", jobfile, "--out", str(out), *LOW, ranks=3)
     stopped = None
     try:
+        seen = ""
         for line in p.stdout:          # `kill -STOP` of rank 2 once round 3 is done: mid-run, no fault hook
+            seen += line
             if line.startswith("round  3/"):
                 break
+        assert line.startswith("round  3/"), seen + p.stderr.read()
         stopped = rank_pids(str(out))[2]
         os.kill(stopped, signal.SIGSTOP)
         t_stop = time.time()

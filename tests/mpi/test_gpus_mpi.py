@@ -16,6 +16,12 @@ from hpcfl.errors import ConfigError  # noqa: E402
 from hpcfl.parallel.gpus import GpuShortage, place  # noqa: E402
 
 
+
+@pytest.fixture(autouse=True)
+def _no_sharing_from_the_environment(monkeypatch):
+    monkeypatch.delenv("HPCFL_SHARE_GPUS", raising=False)   # tests/conftest.py sets it for the other tests
+
+
 def gpus(n):
     return lambda: [f"GPU-{i}" for i in range(n)]
 
@@ -37,13 +43,15 @@ def test_ranks_bound_to_one_gpu_each_all_use_cuda_0():
 
 
 @pytest.mark.mpi(min_size=2)
-def test_more_ranks_than_gpus_is_refused_on_every_rank_unless_shared():
+def test_more_ranks_than_gpus_is_refused_on_every_rank_unless_shared(monkeypatch):
     comm = MPI.COMM_WORLD
     with pytest.raises(GpuShortage, match=rf"{comm.size} ranks on this node but only 1 GPU\(s\)"):
         place(comm, "auto", False, visible=gpus(1))
     p = place(comm, "auto", True, visible=gpus(comm.size - 1))
     expect = 0 if comm.rank == comm.size - 1 else comm.rank   # the last rank joins the least used, the first
     assert (str(p.device), p.sharing) == (f"cuda:{expect}", 2 if expect == 0 else 1)
+    monkeypatch.setenv("HPCFL_SHARE_GPUS", "1")                # the same, from the environment
+    assert str(place(comm, "auto", False, visible=gpus(comm.size - 1)).device) == f"cuda:{expect}"
 
 
 @pytest.mark.mpi(min_size=2)

@@ -13,6 +13,12 @@ from hpcfl.parallel.gpus import GpuShortage, Placement, assign, place
 ALL4 = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
 
 
+
+@pytest.fixture(autouse=True)
+def _no_sharing_from_the_environment(monkeypatch):
+    monkeypatch.delenv("HPCFL_SHARE_GPUS", raising=False)   # tests/conftest.py sets it for the other tests
+
+
 def test_ranks_that_see_every_gpu_take_one_each():
     # mpiexec, or srun without binding: 4 ranks see the node's 4 GPUs; before, rank r took cuda:r mod 4 too,
     # but a rank bound to its GPU (below) and a fifth rank were not told apart
