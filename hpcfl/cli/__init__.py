@@ -61,12 +61,14 @@ def cmd_info(args, comm) -> int:
     from ..parallel.gpus import place
     from ..parallel.runtime import versions
 
-    here = place(comm, "auto", share=True)   # what a run would take (runtime.share_gpus = true: never refused here)
-    rows = comm.gather((here.describe(comm.rank), torch.get_num_threads()), root=0)
+    p = place(comm, "auto", share=True)   # what a run would take (runtime.share_gpus = true: never refused here)
+    gpu = f" ({p.gpu}{f', shared by {p.sharing} ranks' if p.sharing > 1 else ''})" if p.gpu else ""
+    rows = comm.gather(f"rank {comm.rank}: node-local {p.local_rank}/{p.local_size} on {p.host}, device {p.device}"
+                       f"{gpu}, torch threads {torch.get_num_threads()}", root=0)
     if comm.rank == 0:
         print(f"ranks: {comm.size}")
-        for line, th in rows:
-            print(f"  {line}, torch threads {th}")
+        for line in rows:
+            print(f"  {line}")
         print(f"cuda devices on rank 0's node: {torch.cuda.device_count()}")
         for k, v in versions().items():
             print(f"{k}: {v}")
