@@ -42,7 +42,8 @@ fi
 
 if has bitwise; then
   # one torch thread on every rank: CPU kernels round differently at other thread counts (README, Reproducibility)
-  W="${WJOB:-jobs/bench_w.toml} --set run.rounds=4 --set run.eval_every=2 --set runtime.threads=1 --set runtime.progress=none --force"
+  # runtime.share_gpus: 2 and 3 ranks on this machine's one GPU (refused without it, docs/guide.md, Devices)
+  W="${WJOB:-jobs/bench_w.toml} --set run.rounds=4 --set run.eval_every=2 --set runtime.threads=1 --set runtime.progress=none --set runtime.share_gpus=true --force"
   same() { "$PY" - "$@" <<'EOF'
 import sys
 import numpy as np

@@ -1,3 +1,4 @@
+import os
 import signal
 import sys
 from pathlib import Path
@@ -25,6 +26,9 @@ def _private_dataset_cache():
 
 
 _private_dataset_cache()
+# On a machine with one GPU, the suite's runs of 2-4 ranks share it (runtime.share_gpus); their
+# subprocesses inherit this. tests/*/test_gpus*.py test the refusal with it unset.
+os.environ.setdefault("HPCFL_SHARE_GPUS", "1")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 ORIGINAL_HANDLERS = {s: signal.getsignal(s) for s in STOP_SIGNALS}   # pytest's, before any test ran

@@ -58,16 +58,17 @@ EXTERNAL = {"report": "hpcfl.cli.report", "plot": "hpcfl.cli.plot", "sweep": "hp
 def cmd_info(args, comm) -> int:
     import torch
 
-    from ..parallel.comm import node_layout
-    from ..parallel.runtime import pick_device, versions
+    from ..parallel.gpus import place
+    from ..parallel.runtime import versions
 
-    local_rank, local_size = node_layout(comm)
-    dev = pick_device("auto", local_rank)
-    rows = comm.gather((comm.rank, local_rank, local_size, str(dev), torch.get_num_threads()), root=0)
+    p = place(comm, "auto", share=True)   # what a run would take (runtime.share_gpus = true: never refused here)
+    gpu = f" ({p.gpu}{f', shared by {p.sharing} ranks' if p.sharing > 1 else ''})" if p.gpu else ""
+    rows = comm.gather(f"rank {comm.rank}: node-local {p.local_rank}/{p.local_size} on {p.host}, device {p.device}"
+                       f"{gpu}, torch threads {torch.get_num_threads()}", root=0)
     if comm.rank == 0:
         print(f"ranks: {comm.size}")
-        for r, lr, ls, d, th in rows:
-            print(f"  rank {r}: node-local {lr}/{ls}, device {d}, torch threads {th}")
+        for line in rows:
+            print(f"  {line}")
         print(f"cuda devices on rank 0's node: {torch.cuda.device_count()}")
         for k, v in versions().items():
             print(f"{k}: {v}")

@@ -39,7 +39,7 @@ SECTION_DOCS = {
     "system": "simulated clock: device speeds, bandwidths, availability, deadlines (off unless enabled)",
     "checkpoint": "checkpoints to resume from after a stop, a crash or a preemption",
     "guard": "client updates holding NaN/Inf or a huge norm",
-    "watchdog": "abort a run when one phase of a round hangs",
+    "watchdog": "end a job whose rank froze (exit 75, resumable) instead of letting it hang",
     "results": "the results file, <out>/results.h5",
 }
 

@@ -150,6 +150,7 @@ def _commit(cfg, out: Path, plan: Plan):
         if cfg.results.locking and not rundir.holding():
             rundir.lock(out)
         rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
+        rundir.clear_stall(out)   # an earlier attempt's watchdog note; this attempt has not stalled
         store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
         store.clean_temp()
     except OSError as exc:
@@ -178,6 +179,7 @@ def _run(args, comm) -> int:
     from ..config import notices
     from ..engine import resume, simulation
     from ..engine.control import RunControl, final_write, write_failed
+    from ..engine.watchdog import Limits
     from ..io.results import ResultsWriter, metric_rows
     from ..parallel.exits import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE
     from ..parallel.runtime import NondeterministicOp, versions
@@ -225,7 +227,8 @@ def _run(args, comm) -> int:
 
     sim_time = comm.bcast(loaded.meta.get("sim_time", 0.0) if loaded else 0.0, root=0)
     x = resume.restore(setup, loaded.arrays if loaded else None) if mode == "resume" else None
-    devices = comm.gather(str(setup.device), root=0)
+    placed = comm.gather((str(setup.device), setup.placement.describe(comm.rank)), root=0) or []
+    devices = [d for d, _ in placed]
     writer = progress = None
     history: list[dict] = []
     if comm.rank == 0:
@@ -245,6 +248,9 @@ def _run(args, comm) -> int:
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{comm.size} rank(s), device {setup.device}, {setup.threads} thread(s)/rank{auto}; startup "
               f"{time.perf_counter() - t_start:.1f} s", flush=True)
+        if any(d != "cpu" for d in devices):   # which GPU each rank took (docs/guide.md, "Devices")
+            for _, line in placed:
+                print(f"hpcfl: {line}", flush=True)
         for note in (*cfg.notes, *notices.start_notes(cfg), *setup.algo.notes):
             print(f"hpcfl: note: {note}", flush=True)
         accuracy = getattr(setup.model.module, "loss", None) is None   # the quadratic has a loss, no accuracy
@@ -284,7 +290,8 @@ def _run(args, comm) -> int:
                 writer.close()
             exit_all(EXIT_WRITE)
 
-    control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s, cfg.checkpoint.every_minutes)
+    control = RunControl(comm, cfg.guard, Limits.of(cfg.watchdog, comm.size), cfg.checkpoint.every_minutes,
+                         resumed_from=start, out=out)
     try:
         x = simulation.run(setup, on_round=on_round, start=start, sim_time=sim_time, x=x, control=control,
                            checkpoint=checkpoint)
@@ -313,6 +320,7 @@ def _run(args, comm) -> int:
             what = "resumable: run the same command again to continue" if resumable else "stopped by the guard"
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
         exit_all(EXIT_RESUMABLE if resumable else EXIT_GUARD)
+    control.phase("final", cfg.run.rounds - 1)   # rank 0 copies results.h5: a first of its kind, start-up allowance
     if comm.rank == 0:
         final_write(writer.write_final, x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
                     setup.dataset.num_classes)

@@ -184,7 +184,11 @@ class RuntimeSection:
                 "not reproducible across rank counts"})
     device: str = field(default="auto", metadata={
         "choices": ("auto", "cpu", "cuda"),
-        "help": "auto: cuda:<node-local rank mod GPUs> when CUDA is available, else the CPU"})
+        "help": "auto: one GPU per rank when CUDA is available (the node's ranks take GPUs in node-local rank "
+                "order, each the least used one it sees), else the CPU; cuda: the same, and exit 2 without CUDA"})
+    share_gpus: bool = field(default=False, metadata={
+        "help": "let ranks of a node share GPUs when they outnumber them (least used first); false: more ranks "
+                "than GPUs on a node is refused (exit 2). Results are the same either way"})
     deterministic: bool = field(default=True, metadata={
         "help": "bitwise reproducible on a GPU: torch's deterministic algorithms, cuDNN's deterministic "
                 "(not benchmarked) kernels and CUBLAS_WORKSPACE_CONFIG=:4096:8, set before CUDA starts; an "
@@ -243,8 +247,19 @@ class GuardSection:
 
 @dataclass(frozen=True)
 class WatchdogSection:
-    timeout_s: float = field(default=0.0, metadata={
-        "ge": 0, "help": "abort the job when one phase of one round runs longer than this many seconds; 0: off"})
+    timeout_s: float | None = field(default=None, metadata={
+        "ge": 0, "help": "end the job (exit 75, resumable) when one phase of one round runs longer than this many "
+                         "seconds; 0: off; unset: a limit derived from the run's own round times (floor_s, factor, "
+                         "startup_s), on a job of several ranks"})
+    floor_s: float = field(default=60.0, metadata={
+        "gt": 0, "help": "derived limit: never less than this many seconds (a healthy phase of a quick job on a "
+                         "loaded machine stays far below; a frozen rank is found this long after it stopped)"})
+    factor: float = field(default=10.0, metadata={
+        "ge": 1, "help": "derived limit: this many times the slowest round so far, or this rank's own time in the "
+                         "round before the phase, whichever is longer"})
+    startup_s: float = field(default=600.0, metadata={
+        "gt": 0, "help": "derived limit: at least this many seconds before a first round has finished in this "
+                         "process, and in a first evaluation or checkpoint (compilation, first writes)"})
 
 
 @dataclass(frozen=True)

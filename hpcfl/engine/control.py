@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 
 import numpy as np
@@ -20,51 +19,7 @@ from ..io import rundir
 from ..io.h5check import BadFile
 from ..parallel.exits import EXIT_INPUT, EXIT_WRITE, exit_all
 from ..signals import stop_requested
-
-
-class Watchdog:
-    """Aborts the whole job when one phase of one round runs longer than ``timeout_s``.
-
-    A daemon thread wakes every second; a blocked collective cannot be interrupted from
-    Python, so the thread calls ``comm.Abort`` (mpi4py initialises MPI with thread
-    support), which ends every rank.
-    """
-
-    def __init__(self, comm, timeout_s: float):
-        self.comm, self.timeout = comm, timeout_s
-        self.where = ("start-up", -1)
-        self.since = time.monotonic()
-        # Several runs can share one process (hpcfl sweep): a finished run's thread must end,
-        # or it would keep counting and abort the next run.
-        self._stopped = threading.Event()
-        self._thread = None
-        if timeout_s > 0:
-            self._thread = threading.Thread(target=self._watch, name="hpcfl-watchdog", daemon=True)
-            self._thread.start()
-
-    def enter(self, phase: str, rnd: int) -> None:
-        self.where, self.since = (phase, rnd), time.monotonic()
-
-    def stop(self) -> None:
-        """End the watching thread (at most one wake-up period later); idempotent."""
-        self._stopped.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-
-    def _watch(self) -> None:
-        while not self._stopped.wait(min(1.0, self.timeout / 4)):
-            held = time.monotonic() - self.since
-            if held > self.timeout:
-                phase, rnd = self.where
-                print(f"hpcfl watchdog: rank {self.comm.rank} stuck in phase '{phase}' of round {rnd + 1} for "
-                      f"{held:.0f} s (watchdog.timeout_s = {self.timeout:g}); aborting all ranks",
-                      file=sys.stderr, flush=True)
-                # MPI_Abort tears mpiexec down at once; without a pause the launcher can exit
-                # before it forwards this line (seen in CI: an empty stderr). Every rank
-                # that times out in the pause prints too, so the user sees each rank's phase.
-                if self._stopped.wait(1.0):   # the run ended in the pause: nothing left to abort
-                    return
-                self.comm.Abort(1)
+from .watchdog import Limits, Watchdog
 
 
 class FaultInjector:
@@ -72,8 +27,9 @@ class FaultInjector:
 
     ``round`` is the loop's index, counted from 0 (messages and files count from 1).
 
-    kind is ``raise`` (an exception), ``exit`` (sys.exit(3)), ``kill`` (SIGKILL to itself)
-    or ``hang`` (sleep forever, for the watchdog). When ``HPCFL_FAULT_STAMP`` names a file,
+    kind is ``raise`` (an exception), ``exit`` (sys.exit(3)), ``kill`` (SIGKILL to itself),
+    ``hang`` (sleep forever, for the watchdog) or ``stop`` (SIGSTOP to itself: a frozen rank,
+    whose own watchdog thread stops with it). When ``HPCFL_FAULT_STAMP`` names a file,
     the wall time of the fault is written there first, so tests can time the shutdown.
     Used by the rank-death tests; a no-op when the variable is unset.
     """
@@ -103,6 +59,8 @@ class FaultInjector:
         if kind == "hang":
             while True:
                 time.sleep(3600)
+        if kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class RunControl:
@@ -112,22 +70,31 @@ class RunControl:
     ----------
     comm : MPI communicator
     guard : hpcfl.config.GuardSection
-    watchdog_s : float
+    watchdog : hpcfl.engine.watchdog.Limits or float
+        The watchdog's limits; a float is a fixed ``watchdog.timeout_s`` (0: off).
     checkpoint_minutes : float
         Wall-clock minutes between checkpoints, measured on rank 0 from the start of the
         run or the last checkpoint; 0 turns the clock off (``checkpoint.every`` and stops
         still checkpoint).
+    resumed_from : int
+        Rounds done at the checkpoint this run resumed from (0: a fresh run); the watchdog's
+        message says where a rerun would resume.
+    out : Path, optional
+        The run's ``--out``: the watchdog leaves :data:`hpcfl.io.rundir.STALLED` there.
     """
 
-    def __init__(self, comm, guard, watchdog_s: float, checkpoint_minutes: float = 0.0):
+    def __init__(self, comm, guard, watchdog: Limits | float, checkpoint_minutes: float = 0.0,
+                 resumed_from: int = 0, out=None):
         self.comm, self.guard = comm, guard
-        self.watchdog = Watchdog(comm, watchdog_s)
+        self.watchdog = Watchdog(comm, watchdog, marker=None if out is None else rundir.stall_marker(out))
+        self.watchdog.resumed_from = resumed_from
         self.faults = FaultInjector(comm.rank)
         self.interval = 60.0 * checkpoint_minutes
         self.last_checkpoint = time.monotonic()
 
-    def phase(self, name: str, rnd: int) -> None:
-        self.watchdog.enter(name, rnd)
+    def phase(self, name: str, rnd: int, kind: str | None = None) -> None:
+        """Entering ``name`` of round ``rnd`` (``kind``: see :meth:`Watchdog.enter`)."""
+        self.watchdog.enter(name, rnd, kind)
         self.faults.check(name, rnd)
 
     def check_update(self, cid: int, rnd: int, norm: float) -> str | None:
@@ -156,9 +123,11 @@ class RunControl:
         flags = self.comm.allgather((stop_requested(), due))
         return next((f for f, _ in flags if f), None), flags[0][1]
 
-    def checkpointed(self) -> None:
-        """A checkpoint was written: the wall-clock interval starts again."""
+    def checkpointed(self, done: int | None = None) -> None:
+        """A checkpoint after round ``done`` was written: the wall-clock interval starts again."""
         self.last_checkpoint = time.monotonic()
+        if done is not None:
+            self.watchdog.last_checkpoint = done
 
     def close(self) -> None:
         """The run is over: stop its watchdog, so that a later run in this process is not aborted."""

@@ -33,9 +33,10 @@ from ..algorithms.protocol import RoundContext
 from ..client.trainer import LocalClients, Trainer
 from ..config import GuardSection
 from ..errors import ConfigError
-from ..parallel.comm import Collectives, deal, make_sum, node_layout, owners
-from ..parallel.runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_device,
-                                pick_threads, sums_device, sync, to_host)
+from ..parallel.comm import Collectives, deal, make_sum, owners
+from ..parallel.gpus import place
+from ..parallel.runtime import (NondeterministicOp, all_finite, bcast_model, configure_determinism, pick_threads,
+                                sums_device, sync, to_host)
 from ..params import FlatModel
 from .control import RunControl
 from .evaluation import evaluate, train_eval_set
@@ -67,6 +68,7 @@ class Setup:
     block: object = None   # hpcfl.client.block.BlockTrainer when runtime.vectorize chose it
     dealt: bool | None = None   # each round's training dealt to ranks by expected work (set by settle_placement)
     migration: object = None    # hpcfl.engine.placement.Migration when dealt clients carry per-client state
+    placement: object = None    # hpcfl.parallel.gpus.Placement: host, node-local rank, device
     acc: object = None          # the round's sum (hpcfl.parallel.gridsum.GridSum or comm.FloatSum), see accumulator()
 
 
@@ -76,8 +78,8 @@ def prepare(cfg, comm) -> Setup:
     from ..models import pool
 
     configure_determinism(cfg.runtime.deterministic)   # before CUDA is first touched
-    local_rank, local_size = node_layout(comm)
-    device = pick_device(cfg.runtime.device, local_rank)
+    placement = place(comm, cfg.runtime.device, cfg.runtime.share_gpus)
+    device, local_size = placement.device, placement.local_size
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
 
     ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
@@ -131,7 +133,8 @@ def prepare(cfg, comm) -> Setup:
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block)
+                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block,
+                 placement=placement)
 
 
 def accumulator(s: Setup):
@@ -310,9 +313,10 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
         t3 = time.perf_counter()
 
         # 7. evaluation (test chunks split over ranks), then rank 0 records the round
-        control.phase("eval", rnd)
+        evaluating = rnd == cfg.run.rounds - 1 or bool(cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0)
+        control.phase("eval", rnd, "eval" if evaluating else "record")   # the watchdog times the two apart
         test_acc = test_loss = train_acc = train_loss = float("nan")
-        if rnd == cfg.run.rounds - 1 or (cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0):
+        if evaluating:
             s.model.load(x)
             test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
             if train_eval is not None:
@@ -340,7 +344,7 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
         if checkpoint is not None and (stop or timely or done == cfg.run.rounds or (every and done % every == 0)):
             control.phase("checkpoint", rnd)
             checkpoint(done, to_host(x), sim_time)
-            control.checkpointed()
+            control.checkpointed(done)
         if stop and done < cfg.run.rounds:   # a stop after the last round changes nothing: the run finishes
             raise Stopped(f"stopped by {stop} after round {done} with a checkpoint")
     return to_host(x)

@@ -28,6 +28,9 @@ from ..errors import HpcflError
 from . import safefs
 
 MARKER = ".hpcfl-run"
+# Left in --out by the watchdog when it ended the job (hpcfl/engine/watchdog.py): under srun the
+# job's exit code says 137, not 75, and a batch script requeues on this file instead.
+STALLED = ".hpcfl-stalled"
 LOCK = ".hpcfl-lock"
 ASIDE_PREFIX = "replaced-"
 _held: list = []   # open lock files: held until unlock() or the process ends (released on any exit)
@@ -280,3 +283,13 @@ def set_aside(out: Path, files: list[Path]) -> Path | None:
         dest = aside / f.name if f.parent == out else aside / "checkpoints" / f.name
         shutil.move(str(f), str(dest))
     return aside
+
+
+def stall_marker(out: Path) -> Path:
+    """Where the watchdog says that it ended a run in ``out`` (:data:`STALLED`)."""
+    return Path(out) / STALLED
+
+
+def clear_stall(out: Path) -> None:
+    """A run starts in ``out``: an earlier attempt's :data:`STALLED` no longer describes it."""
+    safefs.remove_stale(stall_marker(out))

@@ -11,7 +11,8 @@ are the ones docs/guide.md and slurm/README.md list:
 4   diverged: the model became NaN or Inf; results up to that round are kept, marked so
 74  results or a checkpoint could not be written (full disk, quota, I/O error): free space,
     run again; nothing written before is lost
-75  stopped by a signal with a checkpoint written: run the same command again to resume
+75  stopped by a signal with a checkpoint written, or ended by the watchdog (a rank froze; the
+    checkpoints on disk are intact): run the same command again to resume
 ==  ======================================================================================
 """
 

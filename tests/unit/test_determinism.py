@@ -9,7 +9,6 @@ import torch
 from mpi4py import MPI
 
 from hpcfl import cli, config
-from hpcfl.parallel import runtime
 from hpcfl.engine import simulation
 from hpcfl.parallel.runtime import CUBLAS_CONFIG, NondeterministicOp, configure_determinism
 from runner import job
@@ -45,13 +44,13 @@ def test_the_switch_sets_torch_cudnn_and_cublas(monkeypatch):
 @pytest.mark.parametrize("on", [True, False])
 def test_prepare_sets_it_before_the_device_is_chosen(monkeypatch, on):
     seen = []
-    real = runtime.pick_device
+    real = simulation.place
 
-    def spy(choice, local_rank):
+    def spy(comm, choice, share):
         seen.append(torch.are_deterministic_algorithms_enabled())
-        return real(choice, local_rank)
+        return real(comm, choice, share)
 
-    monkeypatch.setattr(simulation, "pick_device", spy)
+    monkeypatch.setattr(simulation, "place", spy)
     simulation.prepare(config.from_dict(job(**{"runtime.deterministic": on})), MPI.COMM_SELF)
     assert seen == [on]
 

@@ -1,0 +1,133 @@
+"""The watchdog's limit (hpcfl.engine.watchdog): fixed, off, or derived from the run's own rounds.
+
+A fake clock drives it; ``tick`` is what the thread runs every second.
+"""
+
+from hpcfl import config
+from hpcfl.engine.watchdog import PAUSE_GAP_S, Limits, Watchdog
+from hpcfl.parallel.exits import EXIT_RESUMABLE
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+class Comm:
+    rank, size = 1, 2
+
+
+def dog(limits=None):
+    clock = Clock()
+    return Watchdog(Comm(), limits or Limits(), clock=clock, start=False), clock
+
+
+def run_round(w, clock, rnd, seconds, kinds=("decide", "train", "reduce", "server", "record")):
+    for k in kinds:
+        w.enter(k, rnd)
+        clock.t += seconds / len(kinds)
+
+
+def test_defaults_are_derived_limits_with_a_generous_floor():
+    s = config.from_dict({"data": {"dataset": "digits"}, "model": {"name": "mlp"}}).watchdog
+    assert (s.timeout_s, s.floor_s, s.factor, s.startup_s) == (None, 60.0, 10.0, 600.0)
+    assert Limits.of(s, ranks=2) == Limits(None, 60.0, 10.0, 600.0)
+    assert not Limits.of(s, ranks=1).on                         # one process: no other rank to wait for
+
+
+def test_an_explicit_timeout_is_fixed_and_zero_is_off():
+    s = config.from_dict({"data": {"dataset": "digits"}, "model": {"name": "mlp"}, "watchdog": {"timeout_s": 7}})
+    w, clock = dog(Limits.of(s.watchdog, ranks=1))              # fixed: watches one process too
+    assert w.limit() == 7.0
+    run_round(w, clock, 0, 100.0)
+    assert w.limit() == 7.0 and w.period() == 1.0
+    assert Watchdog(Comm(), 2.0, start=False).period() == 0.5  # a float is a fixed limit, as before
+    off = config.from_dict({"data": {"dataset": "digits"}, "model": {"name": "mlp"}, "watchdog": {"timeout_s": 0}})
+    assert not Limits.of(off.watchdog, ranks=4).on
+
+
+def test_first_round_gets_the_start_up_allowance_then_the_floor():
+    w, clock = dog()
+    w.enter("decide", 0)
+    assert w.limit() == 600.0                                   # no round finished yet
+    clock.t += 0.01
+    w.enter("train", 0)
+    assert w.limit() == 600.0
+    run_round(w, clock, 0, 0.05, ("reduce", "server", "record"))
+    w.enter("decide", 1)                                        # round 0 took 0.06 s
+    assert abs(w.slowest - 0.06) < 1e-9
+    assert w.limit() == 60.0                                    # max(floor 60, 10 x 0.06)
+
+
+def test_slow_rounds_scale_the_limit_and_a_first_evaluation_or_checkpoint_gets_the_allowance():
+    w, clock = dog()
+    run_round(w, clock, 0, 30.0)                                # a VGG round: 30 s
+    w.enter("decide", 1)
+    assert w.limit() == 300.0                                   # 10 x 30 s
+    clock.t += 1.0
+    w.enter("eval", 1, "eval")                                  # the run's first evaluating round
+    assert w.limit() == 600.0
+    clock.t += 100.0                                            # it takes 100 s
+    w.enter("checkpoint", 1)                                    # and the first checkpoint
+    assert w.limit() == 1010.0                                  # 10 x the 101 s spent in round 1 so far
+    clock.t += 5.0
+    w.enter("decide", 2)
+    assert abs(w.slowest - 106.0) < 1e-9 and abs(w.limit() - 1060.0) < 1e-9
+    w.enter("eval", 2, "eval")
+    assert abs(w.limit() - 1060.0) < 1e-9                       # evaluation has finished once: no allowance
+
+
+def test_a_rank_waits_for_the_others_factor_times_its_own_work_in_the_round():
+    w, clock = dog()
+    run_round(w, clock, 0, 1.0)
+    w.enter("train", 1)
+    clock.t += 50.0                                             # this round's share is 50 x the last round
+    w.enter("reduce", 1)
+    assert w.limit() == 500.0
+
+
+def test_a_frozen_peer_is_found_past_the_floor_and_the_message_says_what_to_do():
+    w, clock = dog()
+    run_round(w, clock, 0, 0.2)
+    w.enter("decide", 1)
+    w.enter("reduce", 1)
+    for _ in range(59):
+        clock.t += 1.0
+        assert w.tick(1.0) is None
+    clock.t += 1.5
+    held, limit = w.tick(1.0)
+    assert (round(held, 6), limit) == (60.5, 60.0)
+    w.last_checkpoint = 1
+    msg = w.message(held, limit)
+    assert msg.startswith("hpcfl watchdog: rank 1 stuck in phase 'reduce' of round 2 for 60 s (limit 60 s, derived")
+    assert f"exit {EXIT_RESUMABLE}" in msg and "resume from the checkpoint after round 1" in msg
+    assert "raise watchdog.floor_s or watchdog.startup_s, or set watchdog.timeout_s (0: off)" in msg
+
+
+def test_time_this_process_was_stopped_is_not_counted():
+    w, clock = dog()
+    run_round(w, clock, 0, 0.2)
+    w.enter("reduce", 1)
+    clock.t += 1.0
+    assert w.tick(1.0) is None
+    clock.t += 300.0                                            # scontrol suspend, Ctrl-Z: the thread slept too
+    assert w.tick(1.0) is None
+    clock.t += 1.0 + PAUSE_GAP_S - 0.5                          # a late wake-up on a loaded machine still counts
+    assert w.tick(1.0) is None
+    assert abs((w._now() - w.since) - (1.0 + 1.0 + 1.0 + PAUSE_GAP_S - 0.5)) < 1e-9   # 299 s of the 300 left out
+    for _ in range(60):
+        clock.t += 1.0
+        over = w.tick(1.0)
+    assert over is not None and over[0] > 60.0
+
+
+def test_the_stall_note_is_left_for_a_batch_script(tmp_path):
+    w = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / ".hpcfl-stalled")
+    w.leave_marker("hpcfl watchdog: rank 1 stuck")
+    assert (tmp_path / ".hpcfl-stalled").read_text() == "hpcfl watchdog: rank 1 stuck\n"
+    gone = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / "no" / "such" / "folder" / "x")
+    gone.leave_marker("text")                                   # an unwritable place: ignored, no raise
+    assert not (tmp_path / "no").exists()
