@@ -24,7 +24,11 @@ from ..errors import HpcflError
 from . import runs as R
 
 FORMATS = ("text", "markdown", "csv", "json")
-STATS = ("final", "best", "best_round", "last_k", "to_target", "sim_to_target", "rounds")
+STATS = ("final", "best", "best_round", "last_k", "to_target", "sim_to_target", "rounds", "client_mean",
+         "client_worst10", "client_std", "client_jain")
+# per-client test accuracy at the last evaluated round (/client_eval): header of each statistic
+CLIENT_COLUMNS = {"client_mean": "client acc", "client_worst10": "worst 10%", "client_std": "client std",
+                  "client_jain": "Jain"}
 SHORT = {"accuracy": "acc", "loss": "loss"}
 
 
@@ -273,6 +277,9 @@ def _columns(groups: list[GroupStats], kind: str, target, last_k: int, baseline:
             cols.append(("sim speedup", lambda g: _fmt(g.sim_speedup, "x"), lambda r: ""))
     if any(g.paper is not None for g in groups):
         cols.append(("paper", _paper_cell, lambda r: ""))
+    if any(np.isfinite(r.client_mean) for g in groups for r in g.runs):
+        for name, head in CLIENT_COLUMNS.items():
+            cols.append((head, lambda g, n=name: _pm(g, n, "acc"), lambda r, n=name: _fmt(getattr(r, n), "acc")))
     cols += [("rounds", lambda g: _pm(g, "rounds", "round"), lambda r: str(r.rounds)),
              ("status", _status, lambda r: r.status)]
     return cols
@@ -287,7 +294,7 @@ def _rows(groups, cols, per_run: bool) -> list[list[str]]:
     return rows
 
 
-def _notes(kind: str, target, last_k: int, baseline: str | None) -> list[str]:
+def _notes(kind: str, target, last_k: int, baseline: str | None, client: bool = False) -> list[str]:
     what = "test accuracy (higher is better)" if kind == "accuracy" else "test loss (lower is better)"
     notes = [f"{SHORT[kind]}: {what}; mean ± sample std over a group's runs (seeds); last-{last_k}: mean of the "
              f"last {last_k} evaluations"]
@@ -295,6 +302,10 @@ def _notes(kind: str, target, last_k: int, baseline: str | None) -> list[str]:
         notes.append("rounds to target: first round reaching it; - (k/n): only k of n runs reached it")
     if baseline is not None:
         notes.append(f"speedup: mean rounds to target of the baseline ({baseline}) / the group's")
+    if client:
+        notes.append("client acc, worst 10%, client std, Jain: each client's test accuracy on its own held-out "
+                     "rows at the last evaluated round (run.eval_clients): mean over clients, mean of the worst "
+                     "10% of clients, std over clients, Jain's index (sum a)^2 / (N sum a^2)")
     return notes
 
 
@@ -319,7 +330,9 @@ def render_markdown(groups, cols, per_run: bool, notes: list[str]) -> str:
 
 
 CSV_STATS = {"final": "final", "best": "best", "best_round": "best_round", "last_k": "last_k",
-             "to_target": "rounds_to_target", "sim_to_target": "sim_time_to_target", "rounds": "rounds"}
+             "to_target": "rounds_to_target", "sim_to_target": "sim_time_to_target", "rounds": "rounds",
+             "client_mean": "client_accuracy", "client_worst10": "client_worst10", "client_std": "client_std",
+             "client_jain": "client_jain"}
 
 
 def _plain(v):
@@ -399,4 +412,5 @@ def report_text(paths: list, by=None, fmt: str = "text", target: float | None = 
         return (render_csv if fmt == "csv" else render_json)(groups, kind, target, last_k)
     cols = _columns(groups, kind, target, last_k, baseline is not None, fmt == "markdown")
     render = render_text if fmt == "text" else render_markdown
-    return render(groups, cols, per_run, _notes(kind, target, last_k, baseline) + repeated_seeds(groups))
+    client = any(c[0] == "Jain" for c in cols)
+    return render(groups, cols, per_run, _notes(kind, target, last_k, baseline, client) + repeated_seeds(groups))

@@ -20,13 +20,15 @@ import numpy as np
 from ..config import flatten
 from ..errors import HpcflError
 from ..io.rundir import ASIDE_PREFIX
+from .fairness import final as final_fairness
 
 RESULTS_NAME = "results.h5"
 # Keys that name a replicate or do not change the model and metrics (results are bitwise
 # the same across placements and evaluation chunkings; threads and devices change them only
 # in the last bits): never a grouping key. runtime.reduce = "float" does change results.
 IGNORED_KEYS = frozenset({"run.name", "run.seed", "runtime.progress", "runtime.threads", "runtime.device",
-                          "runtime.placement", "runtime.eval_batch_size", "data.cache"})
+                          "runtime.placement", "runtime.eval_batch_size", "data.cache", "run.eval_clients",
+                          "run.eval_clients_min"})
 IGNORED_SECTIONS = ("checkpoint.", "watchdog.", "results.")
 _MISSING = object()   # a key one run's config lacks (e.g. a sub-table of another algorithm)
 
@@ -295,6 +297,11 @@ class RunStats:
     last_k: float
     to_target: float
     sim_to_target: float | None
+    # the clients' accuracies at the last evaluated round (/client_eval, .fairness): NaN without it
+    client_mean: float = float("nan")
+    client_worst10: float = float("nan")
+    client_std: float = float("nan")
+    client_jain: float = float("nan")
 
     @property
     def evaluated(self) -> bool:
@@ -329,7 +336,9 @@ def run_stats(res, path: Path, target: float | None, last_k: int) -> RunStats:
             # sim_time rows are per round; the metrics row of round r is the one with round == r
             sim_to_target = float(sim[np.asarray(res.metrics["round"]) == int(to_target)][0])
     n_rounds = int(res.metrics["round"][-1]) if len(res.metrics["round"]) else 0
-    return RunStats(path=path, seed=res.config.get("run", {}).get("seed", res.attrs.get("seed")),
+    _, fair = final_fairness(getattr(res, "client_eval", {}) or {})
+    return RunStats(**{f"client_{k}": v for k, v in fair.items()},
+                    path=path, seed=res.config.get("run", {}).get("seed", res.attrs.get("seed")),
                     status=str(res.attrs.get("status", "running")), kind=kind, rounds=n_rounds, final=final,
                     best=best, best_round=best_round, last_k=mean_k, to_target=to_target,
                     sim_to_target=sim_to_target)

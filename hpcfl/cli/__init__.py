@@ -1,4 +1,4 @@
-"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench``.
+"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench | export``.
 
 ``run`` is :mod:`hpcfl.cli.run`; ``info`` and ``partition`` are here; the others live in their
 own modules (:data:`EXTERNAL`). Exit codes of ``hpcfl run``: 0 finished (or already finished),
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 # Commands that live in their own modules: each has add_parser(subparsers) and
 # main(args, comm) -> exit code, and imports nothing heavy at module level.
 EXTERNAL = {"report": "hpcfl.cli.report", "plot": "hpcfl.cli.plot", "sweep": "hpcfl.cli.sweep",
-            "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench"}
+            "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench", "export": "hpcfl.cli.export"}
 
 
 def cmd_info(args, comm) -> int:
@@ -137,6 +137,12 @@ def main(argv=None) -> int:
         return importlib.import_module(EXTERNAL[args.cmd]).main(args, comm)
     handler = {"run": run.cmd_run, "info": cmd_info, "partition": cmd_partition}[args.cmd]
     return handler(args, comm)
+
+
+def entry() -> None:
+    """The ``hpcfl`` console script: :func:`main`, then the quick exit of ``python -m hpcfl``
+    (:mod:`hpcfl.__main__`: no seconds of interpreter teardown after the summary)."""
+    exit_all(main())
 
 
 if __name__ == "__main__":

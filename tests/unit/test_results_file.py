@@ -116,7 +116,9 @@ def test_segments_record_each_start_and_drop_undone_ones(tmp_path):
     w.close()
     seg = load(tmp_path).segments
     assert [s["start_round"] for s in seg] == [1, 3] and [s["world_size"] for s in seg] == [1, 2]
-    assert json.loads(seg[1]["devices"]) == ["cuda:0", "cuda:1"] and seg[1]["started"].endswith("Z")
+    # decoded as .attrs decodes them (issue 38: they were JSON text)
+    assert seg[1]["devices"] == ["cuda:0", "cuda:1"] and seg[1]["started"].endswith("Z")
+    assert isinstance(seg[1]["versions"], dict) and seg[0]["devices"] == ["cpu"]
 
 
 def test_every_dataset_has_a_unit_and_a_description_and_the_schema_version(tmp_path):
