@@ -204,3 +204,9 @@ def test_print_of_a_loaded_run_is_a_short_summary(tmp_path):
         "  running: 3 of 5 rounds",
         "  final test accuracy 3.0000 (round 3), best 3.0000 (round 3)"]
     assert "train_loss, test_accuracy, test_loss" in text and len(text.splitlines()) == 6
+    # every array counted once: the total is the names shown plus "N more" (issue 38: "23 ... (22 in all)")
+    line = next(ln for ln in text.splitlines() if ln.startswith("  .metrics:"))
+    total = int(line.split()[1])
+    shown, _, more = line[line.index("(") + 1 : -1].partition(" and ")
+    assert total == len(METRICS) and len(shown.split(", ")) + int(more.split()[0]) == total
+    assert shown.startswith("round, train_loss")
