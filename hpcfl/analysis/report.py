@@ -46,6 +46,7 @@ class GroupStats:
     speedup: float = float("nan")
     sim_speedup: float | None = None
     paper: object = None
+    alias: str = ""            # the label by keys (name=fednova, lr=0.1), accepted where the label is
 
     @property
     def running(self) -> int:
@@ -117,7 +118,7 @@ def _value_matches(v, text: str) -> bool:
 def find_baseline(groups: list[GroupStats], spec: str, keys: list[str]) -> GroupStats:
     """The group named by ``--baseline``: a group's full label, or ``KEY=VALUE`` matching one group."""
     for g in groups:
-        if g.label == spec:
+        if spec in (g.label, g.alias):
             return g
     key, sep, value = spec.partition("=")
     if not sep:
@@ -151,12 +152,12 @@ def apply_baseline(groups: list[GroupStats], base: GroupStats) -> None:
 
 def apply_paper(groups: list[GroupStats], specs: list[str]) -> None:
     """``LABEL=VALUE``: the paper's number for the group labelled LABEL (split at the last ``=``)."""
-    labels = {g.label: g for g in groups}
+    labels = {g.alias: g for g in groups if g.alias} | {g.label: g for g in groups}
     for spec in specs:
         label, sep, value = spec.rpartition("=")
         if not sep or label.strip() not in labels:
             raise HpcflError(f"--paper {spec!r}: expected GROUP LABEL=VALUE with one of the labels "
-                             f"{'; '.join(repr(k) for k in labels)}, e.g. --paper '{next(iter(labels))}=0.85'")
+                             f"{'; '.join(repr(g.label) for g in groups)}, e.g. --paper '{groups[0].label}=0.85'")
         try:
             labels[label.strip()].paper = float(value)
         except ValueError:
@@ -176,12 +177,14 @@ def build(paths: list, by=None, target: float | None = None, last_k: int = 5, ba
     results = R.load_runs(files)   # damaged runs are skipped with a warning naming them
     path_of = {id(r): r.source for r in results}
     keys = R.group_keys(results, by)
+    aliases = R.dotted_labels(results, by)
     groups = []
     for label, members in R.group_runs(results, by).items():
         configs = [m.config for m in members]
         flat0 = flatten(configs[0])
         g = GroupStats(label=label, keys={k: flat0.get(k) for k in keys}, configs=configs,
-                       runs=[R.run_stats(m, path_of[id(m)], target, last_k) for m in members])
+                       runs=[R.run_stats(m, path_of[id(m)], target, last_k) for m in members],
+                       alias=aliases[label])
         summarise(g)
         groups.append(g)
     _check_target(target, _check_kinds(groups))

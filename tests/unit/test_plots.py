@@ -260,6 +260,24 @@ def test_legend_and_caption_in_words(tmp_path, run_dirs):
     assert Path(plots.curves_png(groups, tmp_path / "c.pdf")).read_bytes().startswith(b"%PDF")
 
 
+def test_caption_names_every_shared_setting_off_its_default():
+    """FedNova with E ~ U{1..5} and momentum 0.9 in every run: the caption says so (issue 38: it left
+    out E ~ U{1..5}); a preset's own settings (FedNova's server rule) and bookkeeping are no difference."""
+    from hpcfl import config
+    from hpcfl.analysis import words
+    from hpcfl.config import flatten
+
+    cfg = config.load(Path(__file__).parents[2] / "jobs" / "quickstart.toml", [
+        "algorithm.name=fednova", "algorithm.local_steps=0", "algorithm.steps=random_epochs",
+        "algorithm.random_epochs.low=1", "algorithm.random_epochs.high=5", "algorithm.momentum=0.9",
+        "runtime.threads=2", "run.seed=4"])
+    flat = flatten(cfg.to_dict())
+    assert words.caption(flat, set()) == ("digits; dirichlet (alpha = 0.5); 20 clients, 10 per round; mlp [64]; "
+                                          "FedNova, lr 0.05, B = 16; momentum 0.9, E ~ U{1..5}, 30 rounds")
+    # what differs between the runs is the legend's, not the caption's
+    assert words.caption(flat, {"algorithm.momentum"}).endswith("B = 16; E ~ U{1..5}, 30 rounds")
+
+
 def test_each_group_has_its_own_dash_and_marker():
     import matplotlib.figure
 
