@@ -79,8 +79,8 @@ def fairness_png(groups: dict, path, field: str = "accuracy", size=DEFAULT_SIZE,
             cdf.step(last, np.arange(1, last.size + 1) / max(last.size, 1), where="post", color=color)
             f = fairness(values[-1])
             handles.append(line)
-            texts.append(f"{(legend or {}).get(label, label)}: Jain {f['jain']:.3f}" if field == "accuracy"
-                         else str((legend or {}).get(label, label)))
+            name = str((legend or {}).get(label, label)) + (f" ({len(runs)} runs pooled)" if len(runs) > 1 else "")
+            texts.append(f"{name}: Jain {f['jain']:.3f}" if field == "accuracy" else name)
         what = "accuracy" if field == "accuracy" else "mean loss"
         over.set_xlabel("round")
         over.xaxis.set_major_locator(MaxNLocator(integer=True))
