@@ -165,3 +165,24 @@ def test_fairness_plot_draws_and_names_runs_without_it(two, tmp_path):
                      str(tmp_path / "l.png")]) == 0
     assert cli.main(["plot", str(two), "--kind", "fairness", "--field", "steps", "--out",
                      str(tmp_path / "x.png")]) == 2
+
+
+def test_a_damaged_client_eval_group_or_segment_is_refused(tmp_path):
+    from hpcfl.io.h5check import BadFile
+
+    attrs = {"config": {"run": {"name": "t"}}, "world_size": 1, "devices": ["cpu"]}
+    w = ResultsWriter(tmp_path / "results.h5", attrs, np.ones((2, 3), dtype=np.int64), client_eval=True)
+    w.append_client_eval(1, np.array([0.5, 1.0]), np.array([1.0, 0.5]), np.array([3, 4]))
+    w.close()
+    assert load(tmp_path).client_eval["samples"].tolist() == [3, 4]
+    with h5py.File(tmp_path / "results.h5", "r+") as f:
+        del f["client_eval/accuracy"]
+        f["client_eval"].create_dataset("accuracy", data=np.ones((2, 2)))   # 2-D: not a column
+    with pytest.raises(BadFile, match="accuracy"):
+        load(tmp_path)
+    with h5py.File(tmp_path / "results.h5", "r+") as f:
+        del f["client_eval"]
+        del f["segments/devices"]
+        f["segments"].create_dataset("devices", data=np.array(["[not json"], dtype=h5py.string_dtype()))
+    with pytest.raises(BadFile, match="devices"):
+        load(tmp_path)
