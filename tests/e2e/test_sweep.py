@@ -213,7 +213,7 @@ def test_grid_runs_every_point_then_skips_them(tmp_path):
     assert p.stdout.count("hpcfl sweep: point ") == 6
     table = table_of(p.stdout)
     # the groups in the legend's words
-    assert sum(line.startswith("FedAvg ") for line in table) == 1 and sum(line.startswith("FedNova ") for line in table) == 1
+    assert [sum(line.startswith(f"{g} ") for line in table) for g in ("FedAvg", "FedNova")] == [1, 1]
     assert [re.search(r"Fed(Avg|Nova)\s+(\d+)\s", line).group(2) for line in table if "Fed" in line] == ["3", "3"]
 
     before = {n: ((out / n / "results.h5").stat().st_mtime_ns, load(out / n).attrs["run_id"]) for n in GRID_NAMES}

@@ -2,7 +2,6 @@
 round convention, segments, schema 1 files, units everywhere, the final model's dtype."""
 
 import errno
-import json
 import subprocess
 import sys
 from pathlib import Path
