@@ -186,3 +186,24 @@ def test_a_damaged_client_eval_group_or_segment_is_refused(tmp_path):
         f["segments"].create_dataset("devices", data=np.array(["[not json"], dtype=h5py.string_dtype()))
     with pytest.raises(BadFile, match="devices"):
         load(tmp_path)
+
+
+def test_every_client_at_once_as_one_client_alone():
+    """The draw's vectorised quotas equal class_quota client by client; a large population draws
+    without repeats within a client and with each client's own quota."""
+    from hpcfl.data.client_test import quotas
+
+    r = np.random.default_rng(3)
+    for _ in range(300):
+        c = int(r.integers(1, 6))
+        cnt, av, m = r.integers(0, 5, (4, c)), r.integers(0, 6, c), r.integers(0, 12, 4)
+        np.testing.assert_array_equal(quotas(cnt, m, av), [class_quota(cnt[i], int(m[i]), av) for i in range(4)])
+    y = np.random.default_rng(0).integers(0, 10, 2000)
+    counts = np.random.default_rng(1).multinomial(10, [0.1] * 10, size=20000)
+    off, rows = client_test_sets(y, counts, 0, 10)
+    assert off[-1] == rows.size == 20000 * 10
+    for i in (0, 7, 19999):
+        r_i = rows[off[i]:off[i + 1]]
+        assert np.all(np.diff(r_i) > 0)
+        np.testing.assert_array_equal(np.bincount(y[r_i], minlength=10),
+                                      class_quota(counts[i], 10, np.bincount(y, minlength=10)))
