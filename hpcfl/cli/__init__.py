@@ -139,10 +139,23 @@ def main(argv=None) -> int:
     return handler(args, comm)
 
 
+# Commands that load torch and data: after them the interpreter's teardown (freeing torch's and
+# numpy's memory) kept the user waiting 4-7 s after the summary (issue 38), so they end with
+# exit_all (flush, MPI_Finalize, os._exit). Every rank returns from main together, and every file
+# is closed by then (results, checkpoints, figures). The light commands end as usual.
+QUICK_EXIT = ("run", "sweep", "bench", "info")
+
+
+def finish(code: int, argv: list) -> None:
+    """End the process after ``main`` returned ``code`` for the command line ``argv`` (its first word)."""
+    if argv[:1] and argv[0] in QUICK_EXIT:
+        exit_all(code)
+    sys.exit(code)
+
+
 def entry() -> None:
-    """The ``hpcfl`` console script: :func:`main`, then the quick exit of ``python -m hpcfl``
-    (:mod:`hpcfl.__main__`: no seconds of interpreter teardown after the summary)."""
-    exit_all(main())
+    """The ``hpcfl`` console script: :func:`main`, then :func:`finish` (as ``python -m hpcfl``)."""
+    finish(main(), sys.argv[1:2])
 
 
 if __name__ == "__main__":
