@@ -6,6 +6,6 @@ if sys.argv[1:2] == ["run"]:
 
     install()
 
-from .cli import main  # noqa: E402
+from .cli import finish, main  # noqa: E402
 
-sys.exit(main())
+finish(main(), sys.argv[1:2])

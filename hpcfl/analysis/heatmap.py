@@ -79,7 +79,7 @@ def levels(res, field: str, values) -> np.ndarray | None:
     return found
 
 
-def client_heatmap_png(results, field: str, path, size=DEFAULT_SIZE) -> str:
+def client_heatmap_png(results, field: str, path, size=DEFAULT_SIZE, log: bool = False) -> str:
     """Clients x rounds image of one per-client record (``results.clients[field]``).
 
     Cells of clients outside the round's cohort are white; cohort members whose value is
@@ -97,33 +97,39 @@ def client_heatmap_png(results, field: str, path, size=DEFAULT_SIZE) -> str:
         .png, .pdf or .svg to write.
     size : (int, int)
         Width and height in pixels (in 1/100 inch for .pdf and .svg).
+    log : bool
+        A continuous log colour scale (every drawn value must be positive).
 
     Returns
     -------
     str : ``path``.
     """
-    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.colors import BoundaryNorm, ListedColormap, LogNorm
     from matplotlib.ticker import MaxNLocator
 
     rows, rounds, values, member = client_matrix(results, field)
     check_out_path(path)
     n = _num_clients(results)
+    if log and values.count() and values.min() <= 0:
+        raise HpcflError(f"--log: {field} has values down to {values.min():g}; a log colour scale needs positive "
+                         f"values (leave out --log)")
     with style(size):
         fig = figure(size)
         ax = fig.add_subplot(1, 1, 1)
         extent = (rounds[0] - 0.5, rounds[-1] + 0.5, rows.size - 0.5, -0.5)
         no_value = np.ma.masked_where(~(member & values.mask), np.ones(member.shape))
         ax.imshow(no_value, aspect="auto", interpolation="nearest", cmap=ListedColormap(["0.85"]), extent=extent)
-        found = levels(results, field, values)
+        found = None if log else levels(results, field, values)
         if found is None:
-            im = ax.imshow(values, aspect="auto", interpolation="nearest", cmap="viridis", extent=extent)
-        else:   # one colour per value, boundaries half-way between them
-            edges = np.concatenate([[found[0] - 0.5], (found[1:] + found[:-1]) / 2, [found[-1] + 0.5]])
+            im = ax.imshow(values, aspect="auto", interpolation="nearest", cmap="viridis", extent=extent,
+                           norm=LogNorm() if log else None)
+        else:   # one colour per value: the image holds each value's index, so each band is one unit wide
             from matplotlib import colormaps
 
             cmap = colormaps["viridis"].resampled(found.size)
-            im = ax.imshow(values, aspect="auto", interpolation="nearest", cmap=cmap,
-                           norm=BoundaryNorm(edges, found.size), extent=extent)
+            index = np.ma.masked_array(np.searchsorted(found, values.filled(found[0])), mask=values.mask)
+            im = ax.imshow(index, aspect="auto", interpolation="nearest", cmap=cmap,
+                           norm=BoundaryNorm(np.arange(found.size + 1) - 0.5, found.size), extent=extent)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("client")
@@ -137,11 +143,12 @@ def client_heatmap_png(results, field: str, path, size=DEFAULT_SIZE) -> str:
                      f"white: not in the round's cohort; grey: in it, no value")
         unit = client_unit(results, field)
         label = field if unit in (None, "1", field) else f"{field} [{unit}]"
+        label += ", log scale" if log else ""
         bar = fig.colorbar(im, ax=ax, label=label)
         if found is not None:
             step = max(1, int(np.ceil(found.size / 12)))   # at most about 12 tick labels
-            ticks = found[::step]
-            words = [DROPPED.get(int(v), str(int(v))) if field == "dropped" else f"{v:g}" for v in ticks]
+            ticks = np.arange(found.size)[::step]              # each at its band's centre
+            words = [DROPPED.get(int(v), str(int(v))) if field == "dropped" else f"{v:g}" for v in found[ticks]]
             bar.set_ticks(ticks, labels=words)
             bar.minorticks_off()
         return save(fig, path)

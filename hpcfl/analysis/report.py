@@ -24,7 +24,11 @@ from ..errors import HpcflError
 from . import runs as R
 
 FORMATS = ("text", "markdown", "csv", "json")
-STATS = ("final", "best", "best_round", "last_k", "to_target", "sim_to_target", "rounds")
+STATS = ("final", "best", "best_round", "last_k", "to_target", "sim_to_target", "rounds", "client_mean",
+         "client_worst10", "client_std", "client_jain")
+# per-client test accuracy at the last evaluated round (/client_eval): header of each statistic
+CLIENT_COLUMNS = {"client_mean": "client acc", "client_worst10": "worst 10%", "client_std": "client std",
+                  "client_jain": "Jain"}
 SHORT = {"accuracy": "acc", "loss": "loss"}
 
 
@@ -42,6 +46,7 @@ class GroupStats:
     speedup: float = float("nan")
     sim_speedup: float | None = None
     paper: object = None
+    alias: str = ""            # the label by keys (name=fednova, lr=0.1), accepted where the label is
 
     @property
     def running(self) -> int:
@@ -113,7 +118,7 @@ def _value_matches(v, text: str) -> bool:
 def find_baseline(groups: list[GroupStats], spec: str, keys: list[str]) -> GroupStats:
     """The group named by ``--baseline``: a group's full label, or ``KEY=VALUE`` matching one group."""
     for g in groups:
-        if g.label == spec:
+        if spec in (g.label, g.alias):
             return g
     key, sep, value = spec.partition("=")
     if not sep:
@@ -147,12 +152,12 @@ def apply_baseline(groups: list[GroupStats], base: GroupStats) -> None:
 
 def apply_paper(groups: list[GroupStats], specs: list[str]) -> None:
     """``LABEL=VALUE``: the paper's number for the group labelled LABEL (split at the last ``=``)."""
-    labels = {g.label: g for g in groups}
+    labels = {g.alias: g for g in groups if g.alias} | {g.label: g for g in groups}
     for spec in specs:
         label, sep, value = spec.rpartition("=")
         if not sep or label.strip() not in labels:
             raise HpcflError(f"--paper {spec!r}: expected GROUP LABEL=VALUE with one of the labels "
-                             f"{'; '.join(repr(k) for k in labels)}, e.g. --paper '{next(iter(labels))}=0.85'")
+                             f"{'; '.join(repr(g.label) for g in groups)}, e.g. --paper '{groups[0].label}=0.85'")
         try:
             labels[label.strip()].paper = float(value)
         except ValueError:
@@ -172,12 +177,14 @@ def build(paths: list, by=None, target: float | None = None, last_k: int = 5, ba
     results = R.load_runs(files)   # damaged runs are skipped with a warning naming them
     path_of = {id(r): r.source for r in results}
     keys = R.group_keys(results, by)
+    aliases = R.dotted_labels(results, by)
     groups = []
     for label, members in R.group_runs(results, by).items():
         configs = [m.config for m in members]
         flat0 = flatten(configs[0])
         g = GroupStats(label=label, keys={k: flat0.get(k) for k in keys}, configs=configs,
-                       runs=[R.run_stats(m, path_of[id(m)], target, last_k) for m in members])
+                       runs=[R.run_stats(m, path_of[id(m)], target, last_k) for m in members],
+                       alias=aliases[label])
         summarise(g)
         groups.append(g)
     _check_target(target, _check_kinds(groups))
@@ -273,6 +280,9 @@ def _columns(groups: list[GroupStats], kind: str, target, last_k: int, baseline:
             cols.append(("sim speedup", lambda g: _fmt(g.sim_speedup, "x"), lambda r: ""))
     if any(g.paper is not None for g in groups):
         cols.append(("paper", _paper_cell, lambda r: ""))
+    if any(np.isfinite(r.client_mean) for g in groups for r in g.runs):
+        for name, head in CLIENT_COLUMNS.items():
+            cols.append((head, lambda g, n=name: _pm(g, n, "acc"), lambda r, n=name: _fmt(getattr(r, n), "acc")))
     cols += [("rounds", lambda g: _pm(g, "rounds", "round"), lambda r: str(r.rounds)),
              ("status", _status, lambda r: r.status)]
     return cols
@@ -287,7 +297,7 @@ def _rows(groups, cols, per_run: bool) -> list[list[str]]:
     return rows
 
 
-def _notes(kind: str, target, last_k: int, baseline: str | None) -> list[str]:
+def _notes(kind: str, target, last_k: int, baseline: str | None, client: bool = False) -> list[str]:
     what = "test accuracy (higher is better)" if kind == "accuracy" else "test loss (lower is better)"
     notes = [f"{SHORT[kind]}: {what}; mean ± sample std over a group's runs (seeds); last-{last_k}: mean of the "
              f"last {last_k} evaluations"]
@@ -295,6 +305,10 @@ def _notes(kind: str, target, last_k: int, baseline: str | None) -> list[str]:
         notes.append("rounds to target: first round reaching it; - (k/n): only k of n runs reached it")
     if baseline is not None:
         notes.append(f"speedup: mean rounds to target of the baseline ({baseline}) / the group's")
+    if client:
+        notes.append("client acc, worst 10%, client std, Jain: each client's test accuracy on its own held-out "
+                     "rows at the last evaluated round (run.eval_clients): mean over clients, mean of the worst "
+                     "10% of clients, std over clients, Jain's index (sum a)^2 / (N sum a^2)")
     return notes
 
 
@@ -319,7 +333,9 @@ def render_markdown(groups, cols, per_run: bool, notes: list[str]) -> str:
 
 
 CSV_STATS = {"final": "final", "best": "best", "best_round": "best_round", "last_k": "last_k",
-             "to_target": "rounds_to_target", "sim_to_target": "sim_time_to_target", "rounds": "rounds"}
+             "to_target": "rounds_to_target", "sim_to_target": "sim_time_to_target", "rounds": "rounds",
+             "client_mean": "client_accuracy", "client_worst10": "client_worst10", "client_std": "client_std",
+             "client_jain": "client_jain"}
 
 
 def _plain(v):
@@ -399,4 +415,5 @@ def report_text(paths: list, by=None, fmt: str = "text", target: float | None = 
         return (render_csv if fmt == "csv" else render_json)(groups, kind, target, last_k)
     cols = _columns(groups, kind, target, last_k, baseline is not None, fmt == "markdown")
     render = render_text if fmt == "text" else render_markdown
-    return render(groups, cols, per_run, _notes(kind, target, last_k, baseline) + repeated_seeds(groups))
+    client = any(c[0] == "Jain" for c in cols)
+    return render(groups, cols, per_run, _notes(kind, target, last_k, baseline, client) + repeated_seeds(groups))

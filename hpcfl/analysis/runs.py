@@ -20,13 +20,16 @@ import numpy as np
 from ..config import flatten
 from ..errors import HpcflError
 from ..io.rundir import ASIDE_PREFIX
+from . import words as W
+from .fairness import final as final_fairness
 
 RESULTS_NAME = "results.h5"
 # Keys that name a replicate or do not change the model and metrics (results are bitwise
 # the same across placements and evaluation chunkings; threads and devices change them only
 # in the last bits): never a grouping key. runtime.reduce = "float" does change results.
 IGNORED_KEYS = frozenset({"run.name", "run.seed", "runtime.progress", "runtime.threads", "runtime.device",
-                          "runtime.share_gpus", "runtime.placement", "runtime.eval_batch_size", "data.cache"})
+                          "runtime.share_gpus", "runtime.placement", "runtime.eval_batch_size", "data.cache",
+                          "run.eval_clients", "run.eval_clients_min"})
 IGNORED_SECTIONS = ("checkpoint.", "watchdog.", "results.")
 _MISSING = object()   # a key one run's config lacks (e.g. a sub-table of another algorithm)
 
@@ -212,7 +215,7 @@ def resolve_key(key: str, flat: list[dict], preferred: list[str] = ()) -> str:
                      f"(dotted, as in the job file, e.g. algorithm.lr)")
 
 
-def group_runs(results: list, by: list[str] | None = None) -> dict[str, list]:
+def group_runs(results: list, by: list[str] | None = None, words: bool = True) -> dict[str, list]:
     """Group runs by the values of config keys.
 
     Parameters
@@ -222,21 +225,41 @@ def group_runs(results: list, by: list[str] | None = None) -> dict[str, list]:
         Dotted config keys (a unique leaf such as ``lr`` is accepted). Default: the keys
         that differ across the runs (:func:`differing_keys`); the label then names only
         the keys that split the runs further, in order: shallow keys, ``*.name`` first.
+    words : bool
+        Label the groups in the legend's words (``FedNova, lr 0.1``: :mod:`.words`) when those
+        tell every group apart; else, or with ``words=False``, by keys (``name=fednova, lr=0.1``:
+        leaf keys, the dotted key where two leaves collide; :func:`dotted_labels`).
 
     Returns
     -------
     dict of label -> list of Results
-        In order of first appearance. A label reads ``"name=fednova, lr=0.1"`` (leaf keys;
-        the dotted key where two leaves collide); ``"all"`` when nothing differs.
+        In order of first appearance; ``"all"`` when nothing differs.
     """
     flat = [flatten(r.config) for r in results]
     keys = _label_keys(flat, by)
-    names = short_names(keys)
+    labels = _dotted(flat, keys)
+    if words and keys and all("." not in n for n in short_names(keys).values()):   # no two keys share a leaf
+        said = [W.group_words(keys, f) for f in flat]
+        if len(set(zip(labels, said))) == len(set(labels)) == len(set(said)):   # one-to-one with the groups
+            labels = said
     groups: dict[str, list] = {}
-    for r, f in zip(results, flat):
-        label = ", ".join(f"{names[k]}={format_value(f.get(k, _MISSING))}" for k in keys) or "all"
+    for r, label in zip(results, labels):
         groups.setdefault(label, []).append(r)
     return groups
+
+
+def _dotted(flat: list[dict], keys: list[str]) -> list[str]:
+    names = short_names(keys)
+    return [", ".join(f"{names[k]}={format_value(f.get(k, _MISSING))}" for k in keys) or "all" for f in flat]
+
+
+def dotted_labels(results: list, by: list[str] | None = None) -> dict[str, str]:
+    """label of :func:`group_runs` -> the group's label by keys (``name=fednova, lr=0.1``), which
+    ``hpcfl report --baseline`` and ``--paper`` accept as well as the words."""
+    flat = [flatten(r.config) for r in results]
+    dotted = _dotted(flat, _label_keys(flat, by))
+    word = {id(r): label for label, members in group_runs(results, by).items() for r in members}
+    return {word[id(r)]: d for r, d in zip(results, dotted)}
 
 
 def group_keys(results: list, by: list[str] | None = None) -> list[str]:
@@ -295,6 +318,11 @@ class RunStats:
     last_k: float
     to_target: float
     sim_to_target: float | None
+    # the clients' accuracies at the last evaluated round (/client_eval, .fairness): NaN without it
+    client_mean: float = float("nan")
+    client_worst10: float = float("nan")
+    client_std: float = float("nan")
+    client_jain: float = float("nan")
 
     @property
     def evaluated(self) -> bool:
@@ -329,7 +357,9 @@ def run_stats(res, path: Path, target: float | None, last_k: int) -> RunStats:
             # sim_time rows are per round; the metrics row of round r is the one with round == r
             sim_to_target = float(sim[np.asarray(res.metrics["round"]) == int(to_target)][0])
     n_rounds = int(res.metrics["round"][-1]) if len(res.metrics["round"]) else 0
-    return RunStats(path=path, seed=res.config.get("run", {}).get("seed", res.attrs.get("seed")),
+    _, fair = final_fairness(getattr(res, "client_eval", {}) or {})
+    return RunStats(**{f"client_{k}": v for k, v in fair.items()},
+                    path=path, seed=res.config.get("run", {}).get("seed", res.attrs.get("seed")),
                     status=str(res.attrs.get("status", "running")), kind=kind, rounds=n_rounds, final=final,
                     best=best, best_round=best_round, last_k=mean_k, to_target=to_target,
                     sim_to_target=sim_to_target)

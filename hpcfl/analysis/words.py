@@ -117,4 +117,35 @@ def caption(flat: dict, differing: set[str]) -> str:
         alg.append(key_words("algorithm.local_steps", flat))
     if alg:
         parts.append(", ".join(alg))
+    # every other shared setting off its default (E ~ U{1..5}, momentum 0.9, 30 rounds, ...)
+    said = set(parts) | set(alg)
+    more = [w for w in dict.fromkeys(key_words(k, flat) for k in sorted(off_default(flat))
+                                     if not k.startswith((*CAPTIONED, f"data.{part}.")) and same(k))
+            if w not in said]
+    if more:
+        parts.append(", ".join(more))
     return "; ".join(parts)
+
+
+# keys the caption says above, or that identify a run or do not change its results
+CAPTIONED = ("data.dataset", "data.partition", "data.num_clients", "algorithm.clients_per_round", "model.",
+             "algorithm.name", "algorithm.lr", "algorithm.batch_size", "algorithm.local_epochs",
+             "algorithm.local_steps", "run.name", "run.seed", "run.eval_", "runtime.", "checkpoint.", "watchdog.",
+             "results.", "data.root", "data.cache", "guard.")
+
+
+def off_default(flat: dict) -> list[str]:
+    """The keys of a run's flattened config whose value differs from the job's default: that of a
+    job naming the same dataset, partition, model and algorithm and nothing else (so a preset's own
+    settings are no difference). Empty when such a job cannot be built (an older file's keys)."""
+    from ..config import flatten, from_dict
+    from ..errors import HpcflError
+
+    base = {"data": {k: flat[f"data.{k}"] for k in ("dataset", "partition") if f"data.{k}" in flat},
+            "model": {"name": flat["model.name"]} if "model.name" in flat else {},
+            "algorithm": {"name": flat["algorithm.name"]} if "algorithm.name" in flat else {}}
+    try:
+        defaults = flatten(from_dict({k: v for k, v in base.items() if v}).to_dict())
+    except (HpcflError, KeyError, TypeError, ValueError):
+        return []
+    return [k for k, v in flat.items() if k in defaults and defaults[k] != v]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import copy
 
+# run.eval_clients off: the bare loop evaluates the test set only, so both sides do the same work
 W = {
-    "run": {"name": "bench_w", "seed": 0, "rounds": 20, "eval_every": 5},
+    "run": {"name": "bench_w", "seed": 0, "rounds": 20, "eval_every": 5, "eval_clients": False},
     "data": {"dataset": "synthetic_images", "partition": "dirichlet", "num_clients": 100,
              "dirichlet": {"alpha": 0.5, "min_samples": 10}},
     "model": {"name": "lenet5"},
@@ -20,7 +21,7 @@ W = {
 # Aggregation-heavy: a 9.75M-parameter model, 16 clients every round, 2 local steps each, so the
 # reduction of 16 x 9.75M values is a visible share of the round.
 VGG11 = {
-    "run": {"name": "bench_vgg11", "seed": 0, "rounds": 4, "eval_every": 0},
+    "run": {"name": "bench_vgg11", "seed": 0, "rounds": 4, "eval_every": 0, "eval_clients": False},
     "data": {"dataset": "synthetic_images", "partition": "iid", "num_clients": 16,
              "synthetic_images": {"num_train": 4096, "num_test": 256}},
     "model": {"name": "vgg11", "vgg11": {"dropout": 0.0}},
@@ -30,7 +31,7 @@ VGG11 = {
 
 # Scale: 100,000 clients of 10 samples each, 1,000 per round, a small MLP on 20-d Gaussian-mixture data.
 SCALE = {
-    "run": {"name": "bench_scale", "seed": 0, "rounds": 5, "eval_every": 0},
+    "run": {"name": "bench_scale", "seed": 0, "rounds": 5, "eval_every": 0, "eval_clients": False},
     "data": {"dataset": "gaussian_mixture", "partition": "iid", "num_clients": 100_000,
              "gaussian_mixture": {"num_train": 1_000_000, "num_test": 10_000}},
     "model": {"name": "mlp", "mlp": {"hidden": [64]}},

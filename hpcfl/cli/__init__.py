@@ -1,4 +1,4 @@
-"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench``.
+"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench | export``.
 
 ``run`` is :mod:`hpcfl.cli.run`; ``info`` and ``partition`` are here; the others live in their
 own modules (:data:`EXTERNAL`). Exit codes of ``hpcfl run``: 0 finished (or already finished),
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 # Commands that live in their own modules: each has add_parser(subparsers) and
 # main(args, comm) -> exit code, and imports nothing heavy at module level.
 EXTERNAL = {"report": "hpcfl.cli.report", "plot": "hpcfl.cli.plot", "sweep": "hpcfl.cli.sweep",
-            "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench"}
+            "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench", "export": "hpcfl.cli.export"}
 
 
 def cmd_info(args, comm) -> int:
@@ -138,6 +138,25 @@ def main(argv=None) -> int:
         return importlib.import_module(EXTERNAL[args.cmd]).main(args, comm)
     handler = {"run": run.cmd_run, "info": cmd_info, "partition": cmd_partition}[args.cmd]
     return handler(args, comm)
+
+
+# Commands that load torch and data: after them the interpreter's teardown (freeing torch's and
+# numpy's memory) kept the user waiting 4-7 s after the summary (issue 38), so they end with
+# exit_all (flush, MPI_Finalize, os._exit). Every rank returns from main together, and every file
+# is closed by then (results, checkpoints, figures). The light commands end as usual.
+QUICK_EXIT = ("run", "sweep", "bench", "info")
+
+
+def finish(code: int, argv: list) -> None:
+    """End the process after ``main`` returned ``code`` for the command line ``argv`` (its first word)."""
+    if argv[:1] and argv[0] in QUICK_EXIT:
+        exit_all(code)
+    sys.exit(code)
+
+
+def entry() -> None:
+    """The ``hpcfl`` console script: :func:`main`, then :func:`finish` (as ``python -m hpcfl``)."""
+    finish(main(), sys.argv[1:2])
 
 
 if __name__ == "__main__":

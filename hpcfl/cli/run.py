@@ -158,6 +158,37 @@ def _commit(cfg, out: Path, plan: Plan):
     return store, aside
 
 
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux's /proc: Python's start-up and the imports count), or
+    None where there is no /proc."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()   # after the command name, which may hold spaces
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return max(0.0, up - int(fields[19]) / os.sysconf("SC_CLK_TCK"))   # field 22: start time in ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def closing_lines(fair: list, command_s: float) -> list[str]:
+    """After the summary table: the clients' accuracies at the last evaluated round (run.eval_clients),
+    and what the wall time covers."""
+    from ..analysis.fairness import fairness
+
+    lines = []
+    if fair:
+        rnd, acc = fair[-1]
+        f = fairness(acc)
+        lines.append(f"per-client test accuracy (round {rnd}, {len(acc)} clients' held-out rows): mean "
+                     f"{f['mean']:.4f}, worst 10% {f['worst10']:.4f}, std {f['std']:.4f}, Jain {f['jain']:.4f}")
+    age = process_seconds()
+    if age is not None and age >= command_s:
+        lines.append(f"wall time: {command_s:.1f} s in this run, {age:.1f} s since the process started (Python, "
+                     f"imports and anything before this run: {age - command_s:.1f} s)")
+    return lines
+
+
 def cmd_run(args, comm) -> int:
     """``hpcfl run``. Every path that returns (finished, nothing to do, diverged, an operation
     without a deterministic kernel) releases the ``--out`` lock planning took, so that a caller in
@@ -231,13 +262,15 @@ def _run(args, comm) -> int:
     devices = [d for d, _ in placed]
     writer = progress = None
     history: list[dict] = []
+    fair: list[tuple] = []   # (round, each client's accuracy) of this process's evaluated rounds
     if comm.rank == 0:
         counts = setup.class_counts
         attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "run_id": plan.run_id, "versions": versions(),
                  "world_size": comm.size, "devices": devices, "seed": cfg.run.seed}
         try:
             writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
-                                   metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields)
+                                   metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields,
+                                   client_eval=setup.client_eval is not None)
             history = metric_rows(out / "results.h5") if mode == "resume" else []
         except HpcflError as exc:   # a full disk, or a results file damaged since planning
             err = exc
@@ -269,6 +302,21 @@ def _run(args, comm) -> int:
         history.append(metrics)
         progress.update(metrics)
 
+    def on_eval(round_, accuracy, loss):
+        try:
+            writer.append_client_eval(round_, accuracy, loss, setup.client_eval.sizes)
+        except HpcflError as exc:
+            on_round_failed(exc)
+        fair.append((round_, accuracy))
+
+    def on_round_failed(exc):
+        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+        writer.close_after_failure()
+        if comm.size == 1:
+            sys.stdout.flush()
+            os._exit(EXIT_WRITE)
+        comm.Abort(EXIT_WRITE)
+
     def checkpoint(done, x_now, sim_now):
         nonlocal aside
         arrays = resume.capture(setup, x_now)
@@ -294,7 +342,7 @@ def _run(args, comm) -> int:
                          resumed_from=start, out=out)
     try:
         x = simulation.run(setup, on_round=on_round, start=start, sim_time=sim_time, x=x, control=control,
-                           checkpoint=checkpoint)
+                           checkpoint=checkpoint, on_eval=on_eval)
     except simulation.Diverged as exc:
         if comm.rank == 0:
             final_write(writer.mark_diverged, exc.round)
@@ -329,5 +377,7 @@ def _run(args, comm) -> int:
     signals.ignore()   # finished: a stop signal from here on changes nothing
     if comm.rank == 0:
         print(summary_table(history, time.perf_counter() - t_start, out / "results.h5", _columns()), flush=True)
+        for line in closing_lines(fair, time.perf_counter() - t_start):
+            print(line, flush=True)
     control.close()   # another run may follow in this process (hpcfl sweep): end this one's watchdog
     return 0

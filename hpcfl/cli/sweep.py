@@ -8,7 +8,8 @@ A job file declares the grid as dotted config keys, each with a non-empty list o
 
 The points are the cartesian product, first key outermost (in file order; quote the keys:
 unquoted dotted keys are grouped by section by the TOML parser). Each point is named from its
-values (``name-fedavg_seed-0``: leaf key, '-', value), runs with ``run.name`` set to that
+values (``fedavg_seed-0``: a component's name alone, other keys as leaf, '-', value), runs with
+``run.name`` set to that
 name, into ``<out>/<name>`` (default ``<out>``: ``runs/<run.name>``). The points run in this
 process on the same communicator, so one ``srun``/``mpiexec`` allocation runs the whole grid;
 each goes through :func:`hpcfl.cli.run.cmd_run`, so a finished point is skipped, a killed one
@@ -110,9 +111,24 @@ def set_text(key: str, value) -> str:
 
 
 def _labels(keys: list[str]) -> dict:
-    """Each key's label in point names: its leaf, or the whole key when leaves collide."""
+    """Each key's label in point names: its leaf, or the whole key when leaves collide; None for a
+    component's name (``algorithm.name``, ``model.name``, ``data.dataset``, ``data.partition``),
+    whose value names itself: ``fedavg_seed-0``, not ``name-fedavg_seed-0`` (``name`` is also
+    ``run.name`` and ``model.name``)."""
     leaves = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(keys, leaves)}
+    return {k: None if k.endswith(".name") or k in BARE_KEYS else leaf if leaves.count(leaf) == 1 else k
+            for k, leaf in zip(keys, leaves)}
+
+
+BARE_KEYS = ("data.dataset", "data.partition")   # with every "<section>.name": the value alone in point names
+
+
+def legacy_names(grid: dict, combos: list[tuple]) -> list[str]:
+    """The names earlier hpcfl versions gave the points (``name-fedavg_seed-0``: leaf, '-', value for
+    every key), so that a sweep started then resumes in its own folders."""
+    leaves = [k.rsplit(".", 1)[-1] for k in grid]
+    labels = {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(grid, leaves)}
+    return ["_".join(f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo)) for combo in combos]
 
 
 def _safe(value) -> str:
@@ -132,7 +148,8 @@ def point_names(grid: dict, combos: list[tuple]) -> list[str]:
     would still share a folder, so that nothing runs and no point's job overwrites another's.
     """
     labels = _labels(list(grid))
-    base = ["_".join(f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo)) for combo in combos]
+    base = ["_".join(_safe(v) if labels[k] is None else f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo))
+            for combo in combos]
     folded = Counter(n.casefold() for n in base)
     names = [n if folded[n.casefold()] == 1 else f"{n}_{i}" for i, n in enumerate(base)]
     folded = Counter(n.casefold() for n in names)
@@ -209,6 +226,13 @@ def expand(job, overrides: list[str] | None = None, out=None) -> Sweep:
                           f"writes to runs/<run.name>; fix it or pass --out DIR")
     combos = list(itertools.product(*grid.values()))
     names = point_names(grid, combos)
+    sweep_out = Path(out) if out else Path("runs") / name
+    old = legacy_names(grid, combos)
+    if old != names and any((sweep_out / o / "results.h5").exists() for o in old) \
+            and not any((sweep_out / n).exists() for n in names):
+        names = old   # a sweep begun by an older hpcfl goes on in its folders (finished points skipped)
+        notes.append(f"{sweep_out} holds this sweep's points under their earlier names (e.g. {old[0]}): they keep "
+                     f"them")
     job_dir = Path(job).resolve().parent
     points = []
     for i, (combo, pname) in enumerate(zip(combos, names)):
@@ -219,7 +243,7 @@ def expand(job, overrides: list[str] | None = None, out=None) -> Sweep:
         except ConfigError as exc:
             raise ConfigError([f"[sweep] point {i} ({pname}): {p}" for p in exc.problems]) from None
         points.append(Point(i, pname, sets, table))
-    return Sweep(Path(job), Path(out) if out else Path("runs") / name, grid, tuple(points), tuple(notes))
+    return Sweep(Path(job), sweep_out, grid, tuple(points), tuple(notes))
 
 
 def select(sweep: Sweep, only: int | None) -> tuple:

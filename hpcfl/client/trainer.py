@@ -170,8 +170,12 @@ class LocalClients:
 
 
 @torch.no_grad()
-def evaluate_chunks(model: FlatModel, x, y, chunks: list[tuple[int, int]], index=None) -> list[np.ndarray]:
+def evaluate_chunks(model: FlatModel, x, y, chunks: list[tuple[int, int]], index=None,
+                    samples: list | None = None) -> list[np.ndarray]:
     """Per-chunk [correct, loss_sum, count] of the model on test slices.
+
+    ``samples``: a list to receive, per chunk of a classifier, its per-sample (hit, loss),
+    two float64 arrays of shape (hi - lo,): per-client evaluation sums them by client.
 
     Chunk boundaries are fixed by the test set, not by the rank layout, so each chunk's
     values are the same whichever rank computes them; the exact reduction then makes
@@ -192,6 +196,10 @@ def evaluate_chunks(model: FlatModel, x, y, chunks: list[tuple[int, int]], index
             loss, correct = custom(out, yb) * (hi - lo), 0.0   # accuracy reported as NaN
         else:
             loss = F.cross_entropy(out, yb, reduction="sum")
-            correct = float((out.argmax(1) == yb).sum())
+            hit = out.argmax(1) == yb
+            correct = float(hit.sum())
+            if samples is not None:
+                each = F.cross_entropy(out, yb, reduction="none")
+                samples.append((hit.to("cpu", torch.float64).numpy(), each.to("cpu", torch.float64).numpy()))
         rows.append(np.array([correct, float(loss), float(hi - lo)]))
     return rows

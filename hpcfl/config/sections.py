@@ -42,6 +42,13 @@ class RunSection:
                          "round only"})
     eval_train: bool = field(default=False, metadata={
         "help": "also evaluate the global model on all clients' training samples, F(x) = sum p_i F_i(x)"})
+    eval_clients: bool = field(default=True, metadata={
+        "help": "at each evaluation, also each client's accuracy and loss on its own held-out test rows (drawn from "
+                "the test set with its label mix, keyed by seed and client: docs/results.md); classifiers only; "
+                "the test set's forward pass is shared, so it costs little (docs/performance.md)"})
+    eval_clients_min: int = field(default=10, metadata={
+        "ge": 1, "help": "least held-out test rows per client for eval_clients (a client's share of the test set, "
+                         "in proportion to its training samples, when that is more)"})
 
     def validate(self) -> list[str]:
         # runs/<name> must stay inside runs/ and be one plain folder name

@@ -9,10 +9,40 @@ from ..client.trainer import evaluate_chunks
 from ..parallel.comm import ExactSum
 
 
-def evaluate(s, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = None) -> tuple[float, float]:
+class ClientEval:
+    """Every client's held-out test rows (:func:`hpcfl.data.client_test.client_test_sets`), arranged
+    so that one chunk of the test set gives each client's sums over its rows in that chunk.
+
+    ``offsets`` (N + 1,) and ``rows`` are the CSR pair; ``sizes`` (N,) the rows per client.
+    """
+
+    def __init__(self, offsets: np.ndarray, rows: np.ndarray):
+        self.sizes = np.diff(np.asarray(offsets, dtype=np.int64))
+        self.n = int(self.sizes.size)
+        order = np.argsort(rows, kind="stable")
+        self.sample = np.asarray(rows, dtype=np.int64)[order]                       # (pairs,) sorted by sample
+        self.client = np.repeat(np.arange(self.n, dtype=np.int64), self.sizes)[order]   # (pairs,) its client
+
+    def chunk_sums(self, lo: int, hi: int, hit: np.ndarray, loss: np.ndarray) -> np.ndarray:
+        """(2N,) float64: each client's hits, then its summed loss, over its rows in ``[lo, hi)``.
+
+        The same bits whichever rank evaluates the chunk (chunks are fixed by the test set):
+        the exact sum over chunks then makes the totals independent of the rank count.
+        """
+        a, b = np.searchsorted(self.sample, (lo, hi))
+        pos, who = self.sample[a:b] - lo, self.client[a:b]
+        return np.concatenate([np.bincount(who, weights=hit[pos], minlength=self.n),
+                               np.bincount(who, weights=loss[pos], minlength=self.n)])
+
+
+def evaluate(s, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = None,
+             clients: ClientEval | None = None):
     """(accuracy, mean loss) of the current model on (x, y), the same on every rank.
 
     ``index``: evaluate on ``x[index], y[index]`` without materialising them.
+    ``clients``: also each client's (accuracy, mean loss) on its held-out rows of (x, y), in
+    the same pass; the result is then (accuracy, loss, client accuracies (N,), client losses
+    (N,)), NaN for a client without rows.
 
     A model whose outputs hold NaN or Inf on any chunk gives (NaN, inf): the loop then
     ends the run as diverged.
@@ -23,16 +53,34 @@ def evaluate(s, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor | None = N
     n = x.shape[0] if index is None else int(index.numel())
     bs = s.cfg.runtime.eval_batch_size
     chunks = [(lo, min(lo + bs, n)) for lo in range(0, n, bs)]
-    acc = ExactSum(4)
-    for row in evaluate_chunks(s.model, x, y, chunks[s.comm.rank :: s.comm.size], index):
+    mine = chunks[s.comm.rank :: s.comm.size]
+    extra = 0 if clients is None else 2 * clients.n
+    samples = None if clients is None else []
+    acc = ExactSum(4 + extra)
+    for i, row in enumerate(evaluate_chunks(s.model, x, y, mine, index, samples)):
         # A finite model can still overflow in its forward pass (a diverging run in float32):
         # such a chunk is counted, not summed, and every rank learns of it from the sum.
-        acc.add(np.append(row, 0.0) if np.isfinite(row).all() else np.array([0.0, 0.0, 0.0, 1.0]))
+        ok = bool(np.isfinite(row).all())
+        out = np.zeros(4 + extra)
+        out[:4] = np.append(row, 0.0) if ok else (0.0, 0.0, 0.0, 1.0)
+        if clients is not None:
+            hit, loss = samples[i]
+            if ok and np.isfinite(loss).all():
+                out[4:] = clients.chunk_sums(*mine[i], hit, loss)
+            else:
+                out[:4] = (0.0, 0.0, 0.0, 1.0)
+        acc.add(out)
     tot = acc.reduce(s.comm, total=len(chunks), root=None)
-    if tot[3]:
-        return float("nan"), float("inf")
     has_accuracy = getattr(s.model.module, "loss", None) is None
-    return (tot[0] / tot[2] if has_accuracy else float("nan")), tot[1] / tot[2]
+    if tot[3]:
+        result = (float("nan"), float("inf"))
+    else:
+        result = ((tot[0] / tot[2] if has_accuracy else float("nan")), tot[1] / tot[2])
+    if clients is None:
+        return result
+    with np.errstate(invalid="ignore", divide="ignore"):
+        size = np.where(clients.sizes > 0, clients.sizes, np.nan)
+        return (*result, tot[4 : 4 + clients.n] / size, tot[4 + clients.n :] / size)
 
 
 def train_eval_set(s) -> torch.Tensor:

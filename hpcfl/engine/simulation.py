@@ -70,6 +70,7 @@ class Setup:
     migration: object = None    # hpcfl.engine.placement.Migration when dealt clients carry per-client state
     placement: object = None    # hpcfl.parallel.gpus.Placement: host, node-local rank, device
     acc: object = None          # the round's sum (hpcfl.parallel.gridsum.GridSum or comm.FloatSum), see accumulator()
+    client_eval: object = None  # hpcfl.engine.evaluation.ClientEval when run.eval_clients applies (a classifier)
 
 
 def prepare(cfg, comm) -> Setup:
@@ -130,11 +131,16 @@ def prepare(cfg, comm) -> Setup:
         system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
                              download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
+    client_eval = None
+    if cfg.run.eval_clients and getattr(module, "loss", None) is None:   # a classifier: per-sample hits and losses
+        from ..data.client_test import client_test_sets
+        from .evaluation import ClientEval
+        client_eval = ClientEval(*client_test_sets(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min))
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
                  torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block,
-                 placement=placement)
+                 placement=placement, client_eval=client_eval)
 
 
 def accumulator(s: Setup):
@@ -203,11 +209,13 @@ def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> Rou
 
 
 def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.ndarray | None = None,
-        control=None, checkpoint=None, after_round=None) -> np.ndarray:
+        control=None, checkpoint=None, after_round=None, on_eval=None) -> np.ndarray:
     """Run rounds ``start .. rounds-1``; returns the final flat model (every rank).
 
     ``on_round(metrics, clients)`` is called on rank 0 after each round; ``after_round(rnd)`` on
-    every rank after it, outside the round's timings (``hpcfl bench --interleave`` runs the
+    every rank after it, outside the round's timings; ``on_eval(round, accuracy, loss)`` on rank 0 after
+    ``on_round`` at each evaluated round when ``s.client_eval`` is set (each client's, shape (N,), round
+    from 1) (``hpcfl bench --interleave`` runs the
     bare loop's round there). ``x`` and
     ``sim_time`` continue a resumed run. ``control`` (hpcfl.engine.control.RunControl) gives
     phases, guards and the stop agreement; ``checkpoint(rounds_done, x, sim_time)`` is a
@@ -217,7 +225,7 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
     :class:`hpcfl.parallel.runtime.NondeterministicOp` (a configuration error) naming it.
     """
     try:
-        return _rounds(s, on_round, start, sim_time, x, control, checkpoint, after_round)
+        return _rounds(s, on_round, start, sim_time, x, control, checkpoint, after_round, on_eval)
     except RuntimeError as exc:
         err = NondeterministicOp.match(exc, f"model {s.cfg.model.name!r} on {s.device}")
         if err is None:
@@ -225,7 +233,8 @@ def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.nd
         raise err from None
 
 
-def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpoint, after_round) -> np.ndarray:
+def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpoint, after_round,
+            on_eval=None) -> np.ndarray:
     """The loop of :func:`run`."""
     cfg, comm, algo = s.cfg, s.comm, s.algo
     settle_placement(s)
@@ -316,9 +325,13 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
         evaluating = rnd == cfg.run.rounds - 1 or bool(cfg.run.eval_every and (rnd + 1) % cfg.run.eval_every == 0)
         control.phase("eval", rnd, "eval" if evaluating else "record")   # the watchdog times the two apart
         test_acc = test_loss = train_acc = train_loss = float("nan")
+        per_client = None
         if evaluating:
             s.model.load(x)
-            test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
+            if s.client_eval is None:
+                test_acc, test_loss = evaluate(s, s.x_test, s.y_test)
+            else:   # one pass over the test set gives both
+                test_acc, test_loss, *per_client = evaluate(s, s.x_test, s.y_test, clients=s.client_eval)
             if train_eval is not None:
                 train_acc, train_loss = evaluate(s, s.trainer.x, s.trainer.y, train_eval)
             if np.isinf(test_loss) or np.isinf(train_loss):   # the same verdict on every rank
@@ -334,6 +347,8 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
                            time_eval=t4 - t3, time_round=t4 - t0)
             if on_round is not None:
                 on_round(metrics, clients)
+            if on_eval is not None and per_client is not None:
+                on_eval(rnd + 1, *per_client)
         if after_round is not None:
             after_round(rnd)
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import HpcflError
 from .h5check import BadFile, member, open_read, read, superblock
-from .schema import CLIENT_FIELDS, METRICS
+from .schema import CLIENT_EVAL, CLIENT_FIELDS, METRICS
 from .summary import summary
 
 MAX_CONFIG_DEPTH = 16   # a job nests 3 deep; deeper JSON is not a job (and would exhaust the recursion limit)
@@ -52,9 +52,31 @@ class Results:
     input_shape: tuple | None = None
     num_classes: int | None = None
     source: Path | None = None   # the file it was read from
+    client_eval: dict[str, np.ndarray] = dc_field(default_factory=dict)   # /client_eval (run.eval_clients)
 
     def __repr__(self) -> str:   # a few lines about the run, not every array (hpcfl.results.summary)
         return summary(self)
+
+    def to_pandas(self, table: str = "metrics"):
+        """One table of the run as a pandas DataFrame (needs pandas: ``pip install hpcfl[export]``).
+
+        ``table``: ``"metrics"`` (one row per round, indexed by ``round``), ``"clients"`` (one row
+        per cohort member and round) or ``"client_eval"`` (one row per client and evaluated round).
+        Each column is the file's array, unchanged::
+
+            from hpcfl.results import load
+            df = load("runs/quickstart").to_pandas()
+            df[["test_accuracy", "train_loss"]].dropna().tail()
+        """
+        import pandas as pd
+
+        tables = {"metrics": self.metrics, "clients": self.clients, "client_eval": self.client_eval}
+        if table not in tables:
+            raise HpcflError(f"table {table!r}: choose one of {', '.join(tables)}")
+        if not tables[table]:
+            raise HpcflError(f"{self.source}: has no /{table} (per-client evaluation is run.eval_clients)")
+        df = pd.DataFrame(dict(tables[table]))
+        return df.set_index("round") if table == "metrics" else df
 
     def model(self):
         """The trained model as a torch module in eval mode, in the run's dtype, on the CPU.
@@ -274,6 +296,12 @@ def load(path: str | Path) -> Results:
             res.summaries = {k: read(member(g, k, h5py.Dataset, path), path, "f") for k in g}
         if "controller_events" in f:
             res.events = _events(f, path)
+        if "client_eval" in f:
+            res.client_eval, res.units["client_eval"] = _columns(
+                f, "client_eval", path, {k: _kind(v.dtype) for k, v in CLIENT_EVAL.items()}, live)
+        for seg in res.segments:   # decoded as .attrs decodes them (the file keeps JSON text)
+            for k in ("devices", "versions"):
+                seg[k] = _json(seg[k], path, f"/segments/{k}") if seg[k] else seg[k]
         if "final" in f:
             _final(f, path, res)
     return res

@@ -20,8 +20,8 @@ from ..state import Field
 from . import h5check, reader, safefs
 from .h5check import BadFile
 from .reader import Results, diverged_round, load, metric_rows, status  # noqa: F401
-from .schema import (CHUNK, CLIENT_FIELDS, F64, I64, METRICS, SCHEMA_VERSION, SEGMENT_COLUMNS,  # noqa: F401
-                     SUMMARIES)
+from .schema import (CHUNK, CLIENT_EVAL, CLIENT_FIELDS, F64, I64, METRICS, SCHEMA_VERSION,  # noqa: F401
+                     SEGMENT_COLUMNS, SUMMARIES)
 
 LOCKING = {"locking": True}   # set by configure(); False on filesystems without file locking
 
@@ -70,6 +70,25 @@ def _segments(f: h5py.File, rows: list[dict], attrs: dict, start_round: int) -> 
         _describe(g.create_dataset(name, data=np.array([r[name] for r in rows], dtype=dtype)), unit, description)
 
 
+def _client_eval_group(f: h5py.File, data: dict | None = None) -> None:
+    """Create ``/client_eval`` (:data:`CLIENT_EVAL`'s columns, resizable), empty or holding ``data``."""
+    g = f.create_group("client_eval")
+    for name, fld in CLIENT_EVAL.items():
+        values = np.zeros(0, dtype=fld.dtype) if data is None else np.asarray(data[name], dtype=fld.dtype)
+        _describe(g.create_dataset(name, data=values, maxshape=(None,), chunks=(CHUNK,)), fld.unit, fld.description)
+
+
+def _copy_client_eval(old: h5py.File, new: h5py.File, rounds_done: int, keep_group: bool) -> None:
+    """On resume: ``/client_eval``'s rows of rounds up to ``rounds_done`` (created empty if this run
+    evaluates clients and the old file did not)."""
+    if "client_eval" in old:
+        g = old["client_eval"]
+        keep = g["round"][()] <= rounds_done
+        _client_eval_group(new, {name: g[name][()][keep] for name in CLIENT_EVAL})
+    elif keep_group:
+        _client_eval_group(new)
+
+
 class ResultsWriter:
     """Creates and appends to ``results.h5`` (use on global rank 0 only).
 
@@ -81,12 +100,15 @@ class ResultsWriter:
     class_counts : np.ndarray, shape (clients, classes)
     metric_fields, client_fields : dict of name -> Field, optional
         Records the policies declare, appended to :data:`METRICS` and :data:`CLIENT_FIELDS`.
+    client_eval : bool
+        Keep ``/client_eval`` (per-client evaluation, :meth:`append_client_eval`).
     """
 
     @h5check.quiet
     def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
-                 metric_fields: dict | None = None, client_fields: dict | None = None):
+                 metric_fields: dict | None = None, client_fields: dict | None = None, client_eval: bool = False):
         self.path = Path(path)
+        self.client_eval = client_eval
         self._final = self.path.with_name(self.path.name + ".final")   # see _normal_mode
         self.metrics = {**METRICS, **(metric_fields or {})}
         self.client_fields = {**CLIENT_FIELDS, **(client_fields or {})}
@@ -113,6 +135,8 @@ class ResultsWriter:
             _describe(self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64)),
                       "samples", "training samples of each class held by each client (clients, classes)")
             _segments(self.file, [], attrs, 1)
+            if client_eval:
+                _client_eval_group(self.file)
             self.file.swmr_mode = True   # from here on: appends only, readable by SWMR readers
             self.file.flush()
             os.fsync(self.file.id.get_vfd_handle())
@@ -194,6 +218,7 @@ class ResultsWriter:
             for group, fields in (("metrics", METRICS), ("clients", CLIENT_FIELDS)):
                 new[group]["round"][...] = new[group]["round"][()] + 1
                 _describe(new[group]["round"], "round", fields["round"].description)
+        _copy_client_eval(old, new, rounds_done, self.client_eval)
         counts = new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
         _describe(counts, "samples", "training samples of each class held by each client (clients, classes)")
         # segments that started after the checkpoint this run resumes from are undone
@@ -231,6 +256,21 @@ class ResultsWriter:
         except (OSError, RuntimeError) as exc:   # HDF5 reports some write failures as RuntimeError
             need = 8 * (len(self.metrics) + len(self.client_fields) * len(clients["client"]))
             raise self._error(f"round {metrics['round']}", self.path, exc, need) from None
+
+    @h5check.quiet
+    def append_client_eval(self, round_: int, accuracy: np.ndarray, loss: np.ndarray, samples: np.ndarray) -> None:
+        """Append one evaluated round of ``/client_eval``: each client's accuracy and loss (N,) on its
+        ``samples`` (N,) held-out test rows."""
+        n = len(accuracy)
+        rows = {"round": np.full(n, round_), "client": np.arange(n), "accuracy": accuracy, "loss": loss,
+                "samples": samples}
+        safefs.need_space(self.path, (64 << 10) + 40 * max(n, CHUNK), f"round {round_}", _FULL_FIX)
+        try:
+            for name in CLIENT_EVAL:
+                _append(self.file["client_eval"][name], rows[name])
+            self.file.flush()
+        except (OSError, RuntimeError) as exc:
+            raise self._error(f"round {round_}", self.path, exc, 40 * n) from None
 
     def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple],
                     input_shape: tuple | None = None, num_classes: int | None = None) -> None:

@@ -43,6 +43,10 @@ one row per round or per participating client; the file is flushed after every r
                                             FedGSNR's GSNR, ...), see docs/architecture.md
     /controller_events             (round, old_tau, new_tau, reason) rows of the changes of tau
                                    by GIFT, AdaComm or AFL (written when the run finishes)
+    /client_eval/round, client, samples  int64   (run.eval_clients: one row per client per evaluated
+                                                round; samples: its held-out test rows, drawn from the
+                                                test set with its label mix, hpcfl.data.client_test)
+    /client_eval/accuracy, loss    float64  the global model on the client's held-out rows
     /clients_summary/<field>_<stat> float64 (clients,) per-client median or mean over rounds
                                             of fields declared with a summary
     /segments/<column>             one row per start or resume of the run: start_round (int64,
@@ -120,6 +124,14 @@ CLIENT_FIELDS = {
     "sim_time": Field(F64, "s", "simulated arrival time of the client's update"),
     "dropped": Field(np.int8, "code", "0 reported; 1 unavailable; 2 missed the deadline; 3 late; 4 no steps; "
                                       "5 refused by the guard"),
+}
+# /client_eval: one row per client per evaluated round (run.eval_clients; hpcfl.data.client_test draws the rows)
+CLIENT_EVAL = {
+    "round": Field(I64, "round", "evaluated round, 1-based (row r of /metrics)"),
+    "client": Field(I64, "client", "client id"),
+    "accuracy": Field(F64, "1", "global model's accuracy on the client's held-out test rows (NaN: none)"),
+    "loss": Field(F64, "loss", "global model's mean loss on the client's held-out test rows (NaN: none)"),
+    "samples": Field(I64, "samples", "the client's held-out test rows (its label mix, drawn from the test set)"),
 }
 SUMMARIES = {"median": np.nanmedian, "mean": np.nanmean}
 # 2: rounds 1-based, /segments, /final in the run's dtype with the model's input shape.

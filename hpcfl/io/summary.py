@@ -8,9 +8,13 @@ FIRST = ("train_loss", "test_accuracy", "test_loss", "steps", "weight")   # name
 
 
 def _names(d: dict, limit: int = 6) -> str:
-    names = sorted((k for k in d if k not in ("round", "client")), key=lambda k: (k not in FIRST, FIRST.index(k)
-                                                                                 if k in FIRST else 0, k))
-    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+    """The arrays of ``d`` by name, the keys first (round, client), then at most ``limit`` others and
+    how many more: every array is counted once, as the line's total counts them."""
+    keys = [k for k in ("round", "client") if k in d]
+    names = sorted((k for k in d if k not in keys), key=lambda k: (k not in FIRST, FIRST.index(k)
+                                                                   if k in FIRST else 0, k))
+    more = len(names) - limit
+    return ", ".join(keys + names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
 def summary(res) -> str:
@@ -39,6 +43,9 @@ def summary(res) -> str:
     lines += [f"  .metrics: {len(res.metrics)} per-round arrays ({_names(res.metrics)})",
               f"  .clients: {len(res.clients)} arrays of {n_rows} rows, one per cohort member and round "
               f"({_names(res.clients)})",
-              "  also .config, .attrs, .segments, .class_counts"
+              *([f"  .client_eval: {len(res.client_eval)} arrays of {len(res.client_eval['round'])} rows, one per "
+                 f"client and evaluated round ({_names(res.client_eval)})"] if getattr(res, "client_eval", None)
+                else []),
+              "  also .config, .attrs, .segments, .class_counts, .to_pandas()"
               + (", .model(), .state_dict()" if res.final_params is not None else "")]
     return "\n".join(lines)

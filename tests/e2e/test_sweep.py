@@ -19,8 +19,8 @@ from hpcfl.results import load
 
 QUICKSTART = (ROOT / "jobs" / "quickstart.toml").read_text()
 ONE_THREAD = ["--set", "runtime.threads=1"]   # 2 torch threads on a busy 2-core machine crawl
-GRID_NAMES = ["name-fedavg_seed-0", "name-fedavg_seed-1", "name-fedavg_seed-2",
-              "name-fednova_seed-0", "name-fednova_seed-1", "name-fednova_seed-2"]
+# a component's name stands alone in a point's name (issue 38: "name-fedavg" read as run.name or model.name)
+GRID_NAMES = ["fedavg_seed-0", "fedavg_seed-1", "fedavg_seed-2", "fednova_seed-0", "fednova_seed-1", "fednova_seed-2"]
 
 
 def sweep_job(tmp_path: Path, grid: str, name: str = "sw") -> Path:
@@ -66,7 +66,7 @@ def test_points_of_the_quickstart_sweep():
     assert [p.name for p in s.points] == GRID_NAMES   # first key outermost
     assert s.points[4].sets == ("algorithm.name=fednova", "run.seed=1")
     t = s.points[4].table
-    assert (t["algorithm"]["name"], t["run"]["seed"], t["run"]["name"]) == ("fednova", 1, "name-fednova_seed-1")
+    assert (t["algorithm"]["name"], t["run"]["seed"], t["run"]["name"]) == ("fednova", 1, "fednova_seed-1")
     assert "sweep" not in t and t["algorithm"]["lr"] == 0.05 and t["run"]["rounds"] == 30
 
 
@@ -77,14 +77,27 @@ def test_names_values_and_collisions(tmp_path):
     assert [p.name for p in s.points] == ["lr-0.01_hidden-64-32_momentum-0.5", "lr-1e-05_hidden-64-32_momentum-0.5"]
     assert s.points[1].sets == ("algorithm.lr=1e-05", "model.mlp.hidden=[64, 32]", "algorithm.momentum=0.5")
     assert s.points[1].table["run"]["rounds"] == 2 and s.out == tmp_path / "o"
-    # the same leaf under two sections: the whole key names them; unsafe characters become '-'
+    # components' names alone (the same leaf under two sections); unsafe characters become '-'
     job = sweep_job(tmp_path, '"algorithm.name" = ["fedavg"]\n"model.name" = ["mlp"]\n'
                               '"data.root" = ["/a b/c", "x:y"]', name="collide")
     assert [p.name for p in sweep.expand(job).points] == [
-        "algorithm.name-fedavg_model.name-mlp_root-a-b-c", "algorithm.name-fedavg_model.name-mlp_root-x-y"]
+        "fedavg_mlp_root-a-b-c", "fedavg_mlp_root-x-y"]
     # a string that reads as TOML when plain is written quoted, so --set gives it back as a string
     assert sweep.set_text("data.root", "true") == 'data.root="true"'
     assert sweep.set_text("data.root", "/x y") == "data.root=/x y"
+
+
+def test_a_sweep_begun_under_the_earlier_names_keeps_its_folders(tmp_path):
+    """Points named name-fedavg_seed-0 by an earlier hpcfl versions keep those folders (their finished
+    runs are skipped, not run again under the new names); a fresh sweep gets the new names."""
+    job = sweep_job(tmp_path, '"algorithm.name" = ["fedavg", "fednova"]\n"run.seed" = [0]', name="old")
+    out = tmp_path / "o"
+    assert [p.name for p in sweep.expand(job, out=out).points] == ["fedavg_seed-0", "fednova_seed-0"]
+    (out / "name-fedavg_seed-0").mkdir(parents=True)
+    (out / "name-fedavg_seed-0" / "results.h5").write_bytes(b"")
+    s = sweep.expand(job, out=out)
+    assert [p.name for p in s.points] == ["name-fedavg_seed-0", "name-fednova_seed-0"]
+    assert s.points[1].table["run"]["name"] == "name-fednova_seed-0" and "earlier names" in s.notes[0]
 
 
 def test_values_alike_once_made_file_safe_get_their_own_folders(tmp_path):
@@ -158,8 +171,8 @@ def test_list_and_only(tmp_path):
     p = hpcfl("sweep", "jobs/sweep_quickstart.toml", "--only", "4", "--out", str(out), "--set", "run.rounds=2",
               *ONE_THREAD)
     assert p.returncode == 0, p.stderr
-    assert sorted(d.name for d in out.iterdir()) == ["name-fednova_seed-1"]
-    r = load(out / "name-fednova_seed-1")
+    assert sorted(d.name for d in out.iterdir()) == ["fednova_seed-1"]
+    r = load(out / "fednova_seed-1")
     assert r.attrs["status"] == "finished" and list(r.metrics["round"]) == [1, 2]
     assert (r.config["algorithm"]["name"], r.config["run"]["seed"]) == ("fednova", 1)
     assert "group " not in p.stdout, "an array task prints no table"
@@ -189,7 +202,7 @@ def test_grid_runs_every_point_then_skips_them(tmp_path):
     assert sorted(d.name for d in out.iterdir()) == GRID_NAMES
     finals = []
     for name in GRID_NAMES:
-        alg, seed = name.split("_")[0][5:], int(name[-1])
+        alg, seed = name.split("_")[0], int(name[-1])
         r = load(out / name)
         assert r.attrs["status"] == "finished"
         assert (r.config["algorithm"]["name"], r.config["run"]["seed"], r.config["run"]["name"]) == (alg, seed, name)
@@ -199,8 +212,9 @@ def test_grid_runs_every_point_then_skips_them(tmp_path):
     assert all(not np.array_equal(a, b) for i, a in enumerate(finals) for b in finals[i + 1:])
     assert p.stdout.count("hpcfl sweep: point ") == 6
     table = table_of(p.stdout)
-    assert sum("fedavg" in line for line in table) == 1 and sum("fednova" in line for line in table) == 1
-    assert [re.search(r"fed(avg|nova)\S*\s+(\d+)\s", line).group(2) for line in table if "fed" in line] == ["3", "3"]
+    # the groups in the legend's words
+    assert [sum(line.startswith(f"{g} ") for line in table) for g in ("FedAvg", "FedNova")] == [1, 1]
+    assert [re.search(r"Fed(Avg|Nova)\s+(\d+)\s", line).group(2) for line in table if "Fed" in line] == ["3", "3"]
 
     before = {n: ((out / n / "results.h5").stat().st_mtime_ns, load(out / n).attrs["run_id"]) for n in GRID_NAMES}
     p = hpcfl("sweep", "jobs/sweep_quickstart.toml", "--out", str(out), *ONE_THREAD, timeout=120)

@@ -260,6 +260,24 @@ def test_legend_and_caption_in_words(tmp_path, run_dirs):
     assert Path(plots.curves_png(groups, tmp_path / "c.pdf")).read_bytes().startswith(b"%PDF")
 
 
+def test_caption_names_every_shared_setting_off_its_default():
+    """FedNova with E ~ U{1..5} and momentum 0.9 in every run: the caption says so (issue 38: it left
+    out E ~ U{1..5}); a preset's own settings (FedNova's server rule) and bookkeeping are no difference."""
+    from hpcfl import config
+    from hpcfl.analysis import words
+    from hpcfl.config import flatten
+
+    cfg = config.load(Path(__file__).parents[2] / "jobs" / "quickstart.toml", [
+        "algorithm.name=fednova", "algorithm.local_steps=0", "algorithm.steps=random_epochs",
+        "algorithm.random_epochs.low=1", "algorithm.random_epochs.high=5", "algorithm.momentum=0.9",
+        "runtime.threads=2", "run.seed=4"])
+    flat = flatten(cfg.to_dict())
+    assert words.caption(flat, set()) == ("digits; dirichlet (alpha = 0.5); 20 clients, 10 per round; mlp [64]; "
+                                          "FedNova, lr 0.05, B = 16; momentum 0.9, E ~ U{1..5}, 30 rounds")
+    # what differs between the runs is the legend's, not the caption's
+    assert words.caption(flat, {"algorithm.momentum"}).endswith("B = 16; E ~ U{1..5}, 30 rounds")
+
+
 def test_each_group_has_its_own_dash_and_marker():
     import matplotlib.figure
 
@@ -312,3 +330,49 @@ def test_client_heatmap_colours_integer_records_by_value(tmp_path, groups):
     text = svg_text(plots.client_heatmap_png(res, "steps", tmp_path / "s.svg", size=(600, 400)))
     assert "steps [steps]" not in text and " steps " in f" {text} "
     assert all(f"{v:g}" in text.split() for v in found[::max(1, int(np.ceil(found.size / 12)))])
+
+
+def _drawn(monkeypatch):
+    """The figures heatmap.save is given (each still open for inspection), in order."""
+    from hpcfl.analysis import heatmap
+
+    figs = []
+    real = heatmap.save
+
+    def keep(fig, path):
+        figs.append(fig)
+        return real(fig, path)
+
+    monkeypatch.setattr(heatmap, "save", keep)
+    return figs
+
+
+def test_heatmap_colour_bar_ticks_sit_in_their_bands(tmp_path, groups, monkeypatch):
+    """Integer records with unevenly spaced values (steps 11, 20, 21, ...): every tick at the middle of
+    its value's band, one band per value (issue 38: the ticks missed the bands)."""
+    figs = _drawn(monkeypatch)
+    res = groups["lr=0.1"][1]
+    from hpcfl.analysis.heatmap import levels
+
+    found = levels(res, "steps", plots.client_matrix(res, "steps")[2])
+    plots.client_heatmap_png(res, "steps", tmp_path / "s.png", size=(600, 400))
+    bar = figs[-1].axes[-1]
+    ticks = bar.get_yticks()
+    labels = [t.get_text() for t in bar.get_yticklabels()]
+    step = max(1, int(np.ceil(found.size / 12)))
+    assert labels == [f"{v:g}" for v in found[::step]]
+    lo, hi = bar.get_ylim()
+    assert (lo, hi) == (-0.5, found.size - 0.5)                                  # one unit per band
+    np.testing.assert_array_equal(ticks, np.arange(found.size)[::step])          # each at its band's centre
+
+
+def test_heatmap_log_colour_scale(tmp_path, groups, monkeypatch, capsys):
+    from matplotlib.colors import LogNorm
+
+    figs = _drawn(monkeypatch)
+    res = groups["lr=0.1"][1]
+    plots.client_heatmap_png(res, "train_loss", tmp_path / "l.png", size=(600, 400), log=True)
+    image = figs[-1].axes[0].images[-1]
+    assert isinstance(image.norm, LogNorm) and "log scale" in figs[-1].axes[-1].get_ylabel()
+    with pytest.raises(HpcflError, match="--log: dropped has values down to 0"):
+        plots.client_heatmap_png(res, "dropped", tmp_path / "d.png", log=True)

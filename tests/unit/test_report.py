@@ -122,12 +122,17 @@ def test_differing_keys_ignore_replicate_and_bookkeeping_keys():
 def test_default_groups_are_configurations_with_seeds_together():
     res = [fake(config(a, s)) for a in ("fedavg", "fednova") for s in range(3)]
     groups = runs.group_runs(res)
-    # algorithm.server follows from the name: it splits nothing further, so it is not in the label
-    assert list(groups) == ["name=fedavg", "name=fednova"]
-    assert groups["name=fedavg"] == res[:3] and groups["name=fednova"] == res[3:]
-    grid = runs.group_runs([fake(config(a, 0, lr)) for lr in (0.2, 0.1) for a in ("fednova", "fedavg")])
-    assert list(grid) == ["name=fednova, lr=0.2", "name=fedavg, lr=0.2",   # order of first appearance
-                          "name=fednova, lr=0.1", "name=fedavg, lr=0.1"]
+    # algorithm.server follows from the name: it splits nothing further, so it is not in the label;
+    # the labels are the legend's words (issue 38: "name=fedavg" read as run.name or model.name too)
+    assert list(groups) == ["FedAvg", "FedNova"]
+    assert groups["FedAvg"] == res[:3] and groups["FedNova"] == res[3:]
+    grid_runs = [fake(config(a, 0, lr)) for lr in (0.2, 0.1) for a in ("fednova", "fedavg")]
+    grid = runs.group_runs(grid_runs)
+    assert list(grid) == ["FedNova, lr 0.2", "FedAvg, lr 0.2",   # order of first appearance
+                          "FedNova, lr 0.1", "FedAvg, lr 0.1"]
+    assert list(runs.group_runs(grid_runs, words=False)) == ["name=fednova, lr=0.2", "name=fedavg, lr=0.2",
+                                                            "name=fednova, lr=0.1", "name=fedavg, lr=0.1"]
+    assert runs.dotted_labels(grid_runs)["FedAvg, lr 0.1"] == "name=fedavg, lr=0.1"
     assert list(runs.group_runs([fake(config(seed=s)) for s in range(3)])) == ["all"]
 
 
@@ -137,16 +142,17 @@ def test_colliding_leaves_use_the_dotted_key():
         c = config()
         c["algorithm"]["mu"], c["model"]["mu"] = mu_a, mu_m
         res.append(fake(c))
+    # words would say "mu = 0, mu = 1": which mu? the dotted keys say
     assert list(runs.group_runs(res)) == ["algorithm.mu=0.0, model.mu=1", "algorithm.mu=0.1, model.mu=1",
                                           "algorithm.mu=0.0, model.mu=2"]
 
 
 def test_explicit_by_and_unknown_key():
     res = [fake(config(a, s)) for a in ("fedavg", "fednova") for s in range(2)]
-    assert list(runs.group_runs(res, by=["lr"])) == ["lr=0.1"]
+    assert list(runs.group_runs(res, by=["lr"])) == ["lr 0.1"]
     # name: the one that differs (algorithm.name), not run.name or model.name
     assert list(runs.group_runs(res, by=["name", "run.seed"])) == [
-        "name=fedavg, seed=0", "name=fedavg, seed=1", "name=fednova, seed=0", "name=fednova, seed=1"]
+        "FedAvg, seed = 0", "FedAvg, seed = 1", "FedNova, seed = 0", "FedNova, seed = 1"]
     with pytest.raises(HpcflError) as info:
         runs.group_runs(res, by=["algorithm.lrr"])
     assert "no run has the config key 'algorithm.lrr'" in str(info.value) and "algorithm.lr" in str(info.value)
@@ -169,7 +175,7 @@ def test_find_runs_accepts_dirs_files_and_sweeps(tmp_path):
 
 def test_csv_mean_std_over_seeds_and_speedup(sweep):
     rows = csv_rows(report_text([sweep], fmt="csv", target=0.45, baseline="algorithm.name=fedavg"))
-    avg, nova = rows["name=fedavg"], rows["name=fednova"]
+    avg, nova = rows["FedAvg"], rows["FedNova"]
     assert (avg["n"], nova["n"], nova["running"]) == ("3", "3", "1")
     assert float(avg["final_mean"]) == pytest.approx(0.6) and float(avg["final_std"]) == pytest.approx(0.1)
     assert float(nova["best_mean"]) == pytest.approx(0.8) and float(nova["best_round_mean"]) == 3
@@ -183,13 +189,13 @@ def test_csv_mean_std_over_seeds_and_speedup(sweep):
 
 
 def test_text_table_marks_running_and_never_reached(sweep):
-    text = report_text([sweep], target=0.75, baseline="name=fedavg")
+    text = report_text([sweep], target=0.75, baseline="name=fedavg")   # the label by keys still names it
     cells = {line.split("  ")[0]: re.split(r"\s{2,}", line) for line in text.splitlines()}
     head = cells["group"]
     assert head == ["group", "n", "final acc", "best acc", "best round", "last-5 acc", "rounds to 0.75",
                     "sim s to 0.75", "speedup", "sim speedup", "rounds", "status"]
-    avg = dict(zip(head, cells["name=fedavg"]))
-    nova = dict(zip(head, cells["name=fednova"]))
+    avg = dict(zip(head, cells["FedAvg"]))
+    nova = dict(zip(head, cells["FedNova"]))
     assert (avg["final acc"], avg["rounds to 0.75"], avg["status"]) == ("0.6000 ± 0.1000", "- (0/3)", "finished")
     assert (nova["rounds to 0.75"], nova["sim s to 0.75"], nova["status"]) == ("3 ± 0", "24 ± 0", "1 running")
     assert (avg["speedup"], nova["speedup"]) == ("-", "-")    # fedavg never reached the target
@@ -203,14 +209,14 @@ def test_per_run_rows_and_single_run_std(sweep):
 
 
 def test_a_group_with_a_seed_twice_is_warned_about(sweep, tmp_path, capsys):
-    """A copy of fedavg-s0 beside the sweep: group name=fedavg has 4 runs, two of seed 0."""
+    """A copy of fedavg-s0 beside the sweep: group FedAvg has 4 runs, two of seed 0."""
     import shutil
 
     copy = tmp_path / "copy-of-s0"
     shutil.copytree(sweep / "fedavg-s0", copy)
     text = report_text([sweep, copy])
     (line,) = [x for x in text.splitlines() if x.startswith("warning")]
-    assert line.startswith("warning: group 'name=fedavg' holds 2 runs of seed 0 (") and str(copy) in line
+    assert line.startswith("warning: group 'FedAvg' holds 2 runs of seed 0 (") and str(copy) in line
     assert report_text([sweep]).count("warning") == 0
     report_text([sweep, copy], fmt="csv")
     assert "holds 2 runs of seed 0" in capsys.readouterr().err
@@ -218,7 +224,7 @@ def test_a_group_with_a_seed_twice_is_warned_about(sweep, tmp_path, capsys):
 
 def test_json_has_group_and_run_values(sweep):
     data = json.loads(report_text([sweep], fmt="json", target=0.45))
-    assert [g["group"] for g in data] == ["name=fedavg", "name=fednova"]
+    assert [g["group"] for g in data] == ["FedAvg", "FedNova"]
     assert data[0]["keys"] == {"algorithm.name": "fedavg"} and data[0]["final"]["std"] == pytest.approx(0.1)
     assert [r["final"] for r in data[0]["runs"]] == [0.5, 0.6, 0.7]
     assert [r["status"] for r in data[1]["runs"]] == ["finished", "finished", "running"]
@@ -226,12 +232,14 @@ def test_json_has_group_and_run_values(sweep):
 
 
 def test_markdown_and_paper_column(sweep):
-    text = report_text([sweep], fmt="markdown", paper=["name=fednova=0.81"])
+    text = report_text([sweep], fmt="markdown", paper=["name=fednova=0.81"])   # by keys, as the docs give them
     lines = text.splitlines()
     assert lines[0].startswith("| group | n | final acc | best acc |") and "| paper |" in lines[0]
     assert lines[1].startswith("|:---|---:|")
-    assert next(line for line in lines if line.startswith("| name=fednova")).count("| 0.81 |") == 1
-    with pytest.raises(HpcflError, match="'name=fedavg'; 'name=fednova'"):
+    assert next(line for line in lines if line.startswith("| FedNova")).count("| 0.81 |") == 1
+    words = report_text([sweep], fmt="markdown", paper=["FedNova=0.81"]).splitlines()   # or by the words
+    assert next(line for line in words if line.startswith("| FedNova")).count("| 0.81 |") == 1
+    with pytest.raises(HpcflError, match="'FedAvg'; 'FedNova'"):
         report_text([sweep], paper=["fedprox=0.7"])
 
 
@@ -248,7 +256,7 @@ def test_baseline_errors(sweep):
 
 def test_cli_prints_writes_and_exits_2_on_bad_input(sweep, tmp_path, capsys):
     assert cli.main(["report", str(sweep), "--format", "csv", "--by", "algorithm.name"]) == 0
-    assert list(csv_rows(capsys.readouterr().out)) == ["name=fedavg", "name=fednova"]
+    assert list(csv_rows(capsys.readouterr().out)) == ["FedAvg", "FedNova"]
     out = tmp_path / "r.md"
     assert cli.main(["report", str(sweep), "--format", "markdown", "--out", str(out), "--last-k", "1"]) == 0
     assert "| last-1 acc |" in out.read_text().splitlines()[0]

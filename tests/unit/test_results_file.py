@@ -2,7 +2,6 @@
 round convention, segments, schema 1 files, units everywhere, the final model's dtype."""
 
 import errno
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +115,9 @@ def test_segments_record_each_start_and_drop_undone_ones(tmp_path):
     w.close()
     seg = load(tmp_path).segments
     assert [s["start_round"] for s in seg] == [1, 3] and [s["world_size"] for s in seg] == [1, 2]
-    assert json.loads(seg[1]["devices"]) == ["cuda:0", "cuda:1"] and seg[1]["started"].endswith("Z")
+    # decoded as .attrs decodes them (issue 38: they were JSON text)
+    assert seg[1]["devices"] == ["cuda:0", "cuda:1"] and seg[1]["started"].endswith("Z")
+    assert isinstance(seg[1]["versions"], dict) and seg[0]["devices"] == ["cpu"]
 
 
 def test_every_dataset_has_a_unit_and_a_description_and_the_schema_version(tmp_path):
@@ -202,3 +203,9 @@ def test_print_of_a_loaded_run_is_a_short_summary(tmp_path):
         "  running: 3 of 5 rounds",
         "  final test accuracy 3.0000 (round 3), best 3.0000 (round 3)"]
     assert "train_loss, test_accuracy, test_loss" in text and len(text.splitlines()) == 6
+    # every array counted once: the total is the names shown plus "N more" (issue 38: "23 ... (22 in all)")
+    line = next(ln for ln in text.splitlines() if ln.startswith("  .metrics:"))
+    total = int(line.split()[1])
+    shown, _, more = line[line.index("(") + 1 : -1].partition(" and ")
+    assert total == len(METRICS) and len(shown.split(", ")) + int(more.split()[0]) == total
+    assert shown.startswith("round, train_loss")
