@@ -61,6 +61,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
                                                       "it unset for <out>/checkpoints")
     if cfg.results.locking:   # before reading (creates --out): a run started at the same time may be planning too
         rundir.lock(out)
+    rundir.check_scratch(out)
     store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.is_dir() else None
     path = out / "results.h5"
     if args.force:
@@ -143,7 +144,7 @@ def _run(args, comm) -> int:
     from .. import config, signals
     from ..config import notices
     from ..engine import resume, simulation
-    from ..engine.control import RunControl, final_write, write_failed
+    from ..engine.control import RunControl, fault_notice, final_write, write_failed
     from ..io.results import ResultsWriter, metric_rows
     from ..parallel.exits import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE
     from ..parallel.runtime import NondeterministicOp, versions
@@ -152,6 +153,9 @@ def _run(args, comm) -> int:
     t_start = time.perf_counter()
     err, cfg, setup, out, plan, store, aside = None, None, None, None, None, None, None
     try:
+        fault = fault_notice(os.environ.get("HPCFL_FAULT", ""))   # a test hook: checked before anything is made
+        if fault and comm.rank == 0:
+            print(fault, file=sys.stderr, flush=True)
         cfg = config.load(args.job, args.overrides)
         out = Path(args.out or Path("runs") / cfg.run.name)
         if not cfg.results.locking:
