@@ -121,8 +121,9 @@ def _commit(cfg, out: Path, plan: Plan):
         out.mkdir(parents=True, exist_ok=True)
         if cfg.results.locking and not rundir.holding():
             rundir.lock(out)
-        rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
         store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
+        store.hold()   # from here on the run writes only into this folder, wherever it goes (docs/reliability.md)
+        rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
         store.clean_temp()
     except OSError as exc:
         raise HpcflError(f"cannot prepare {out} ({exc}); choose a directory you can write with --out") from None
@@ -145,6 +146,7 @@ def _run(args, comm) -> int:
     from ..config import notices
     from ..engine import resume, simulation
     from ..engine.control import RunControl, fault_notice, final_write, write_failed
+    from ..io.heldir import DirectoryMoved
     from ..io.results import ResultsWriter, metric_rows
     from ..parallel.exits import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE
     from ..parallel.runtime import NondeterministicOp, versions
@@ -242,7 +244,7 @@ def _run(args, comm) -> int:
                 store.save(done, arrays, meta={"sim_time": sim_now, "config": cfg.to_json()},
                            manifest={"world_size": comm.size, "config_sha256": cfg.digest(), "versions": versions()})
             except HpcflError as exc:
-                failure = str(exc)
+                failure = (str(exc), EXIT_INPUT if isinstance(exc, DirectoryMoved) else EXIT_WRITE)
             if failure is None and aside is not None:   # the new run can now resume on its own
                 shutil.rmtree(aside, ignore_errors=True)
                 print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)
@@ -250,9 +252,9 @@ def _run(args, comm) -> int:
         failure = comm.bcast(failure, root=0)
         if failure:
             if comm.rank == 0:
-                print(f"hpcfl: {failure}", file=sys.stderr, flush=True)
+                print(f"hpcfl: {failure[0]}", file=sys.stderr, flush=True)
                 writer.close()
-            exit_all(EXIT_WRITE)
+            exit_all(failure[1])
 
     control = RunControl(comm, cfg.guard, cfg.watchdog.timeout_s, cfg.checkpoint.every_minutes)
     try:
