@@ -37,10 +37,12 @@ def test_a_checkpoint_folder_swapped_for_a_link_mid_run_touches_neither_and_b_re
     assert "was replaced while this run was live" in stderr and f"now at {tmp_path / 'B-moved'}" in stderr, stderr
     assert "Traceback" not in stderr
     assert snapshot(a / "checkpoints") == before                  # nothing written, nothing rotated away
-    assert hpcfl("run", job, "--out", str(a)).returncode == 0      # A still resumes as its own
+    short = ["--set", "run.rounds=12", "--allow-change", "run.rounds", "--set", "run.eval_every=0"]
+    r = hpcfl("run", job, "--out", str(b), *short)                 # B rerun with the link still there
+    assert r.returncode == 2 and "is a symbolic link" in r.stderr and "never follows a link" in r.stderr, r.stderr
+    assert snapshot(a / "checkpoints") == before
     (b / "checkpoints").unlink()
     (tmp_path / "B-moved").rename(b / "checkpoints")              # the fix the message gives
-    short = ["--set", "run.rounds=12", "--allow-change", "run.rounds", "--set", "run.eval_every=0"]
     q = hpcfl("run", job, "--out", str(b), *short)
     assert q.returncode == 0 and "resuming from ckpt-" in q.stdout, q.stderr[-2000:]
     res = load(b)   # bitwise equality of a resumed run with an uninterrupted one: test_reliability.py
