@@ -18,6 +18,8 @@ import signal
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 _requested: list = []   # names of the signals received by this process
+RUN_STOP = "stopping at the end of start-up or of the round in progress (a checkpoint is written then)"
+_stopping = [RUN_STOP]   # what the acknowledgement says happens next (install() sets it)
 
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -39,11 +41,13 @@ def _on_signal(signum, frame) -> None:
     if first and _rank() == "0":
         again = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
         # os.write: print() could be interrupted in the middle of writing to the same stream
-        os.write(2, (f"\nhpcfl: {name} received: stopping at the end of start-up or of the round in progress "
-                     f"(a checkpoint is written then){again}\n").encode())
+        os.write(2, f"\nhpcfl: {name} received: {_stopping[0]}{again}\n".encode())
 
 
-def install() -> None:
+def install(stopping: str = RUN_STOP) -> None:
+    """Make the stop signals stop requests; ``stopping`` is what the acknowledgement says happens next
+    (a run's default; ``hpcfl sweep`` says its planning stops at once)."""
+    _stopping[0] = stopping
     for name in STOP_SIGNALS:
         signal.signal(getattr(signal, name), _on_signal)
 

@@ -193,11 +193,17 @@ def clock(seconds: float) -> str:
 
 def summary_table(history: list[dict], wall: float, path, columns: int | None = None) -> str:
     """The closing table: rounds, final and best test accuracy (the test loss for models
-    without an accuracy, e.g. the quadratic), time by phase.
+    without an accuracy, e.g. the quadratic), time by phase. ``history`` may be empty (a run that
+    diverged in its first round): the table then says that no round was recorded.
 
     ``columns``: the terminal's width; values too long for it continue on lines of their own
     under the value column, and the rules are no wider than the terminal. None: no limit (a log).
     """
+    if not history:
+        rows = [("rounds", "0 (none recorded)"), ("wall time", f"{wall:.1f} s"), ("results", str(path))]
+        w = max(len(k) for k, _ in rows)
+        line = "-" * (w + 3 + max(len(v) for _, v in rows))
+        return "\n".join([line] + [f"{k:<{w}} | {v}" for k, v in rows] + [line])
     acc = np.array([h["test_accuracy"] for h in history], dtype=np.float64)
     loss = np.array([h["test_loss"] for h in history], dtype=np.float64)
     rounds = [h["round"] for h in history]

@@ -56,11 +56,16 @@ def plan_run(cfg, out: Path, args) -> Plan:
     from ..io.checkpoint import CheckpointStore
 
     ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
+    if ckpt_dir.is_symlink():   # held open without following links: refused before a probe file goes through it
+        raise HpcflError(f"the checkpoint folder {ckpt_dir} is a symbolic link (to {os.readlink(ckpt_dir)}); a run "
+                         f"holds its checkpoint folder open and never follows a link there. Set checkpoint.dir to "
+                         f"the folder itself")
     rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
     rundir.check_writable(ckpt_dir, "checkpoint.dir", "set checkpoint.dir to a directory you can write, or leave "
                                                       "it unset for <out>/checkpoints")
     if cfg.results.locking:   # before reading (creates --out): a run started at the same time may be planning too
         rundir.lock(out)
+    rundir.check_scratch(out)
     store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.is_dir() else None
     path = out / "results.h5"
     if args.force:
@@ -152,6 +157,8 @@ def _commit(cfg, out: Path, plan: Plan):
         rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
         rundir.clear_stall(out)   # an earlier attempt's watchdog note; this attempt has not stalled
         store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
+        store.hold()   # from here on the run writes only into this folder, wherever it goes (docs/reliability.md)
+        rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
         store.clean_temp()
     except OSError as exc:
         raise HpcflError(f"cannot prepare {out} ({exc}); choose a directory you can write with --out") from None
@@ -209,8 +216,9 @@ def _run(args, comm) -> int:
     from .. import config, signals
     from ..config import notices
     from ..engine import resume, simulation
-    from ..engine.control import RunControl, final_write, write_failed
+    from ..engine.control import RunControl, fault_notice, final_write, write_failed
     from ..engine.watchdog import Limits
+    from ..io.heldir import DirectoryMoved
     from ..io.results import ResultsWriter, metric_rows
     from ..parallel.exits import EXIT_DIVERGED, EXIT_GUARD, EXIT_RESUMABLE, EXIT_WRITE
     from ..parallel.runtime import NondeterministicOp, versions
@@ -219,6 +227,9 @@ def _run(args, comm) -> int:
     t_start = time.perf_counter()
     err, cfg, setup, out, plan, store, aside = None, None, None, None, None, None, None
     try:
+        fault = fault_notice(os.environ.get("HPCFL_FAULT", ""))   # a test hook: checked before anything is made
+        if fault and comm.rank == 0:
+            print(fault, file=sys.stderr, flush=True)
         cfg = config.load(args.job, args.overrides, files=True)
         out = Path(args.out or Path("runs") / cfg.run.name)
         if not cfg.results.locking:
@@ -326,7 +337,7 @@ def _run(args, comm) -> int:
                 store.save(done, arrays, meta={"sim_time": sim_now, "config": cfg.to_json()},
                            manifest={"world_size": comm.size, "config_sha256": cfg.digest(), "versions": versions()})
             except HpcflError as exc:
-                failure = str(exc)
+                failure = (str(exc), EXIT_INPUT if isinstance(exc, DirectoryMoved) else EXIT_WRITE)
             if failure is None and aside is not None:   # the new run can now resume on its own
                 shutil.rmtree(aside, ignore_errors=True)
                 print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)
@@ -334,9 +345,9 @@ def _run(args, comm) -> int:
         failure = comm.bcast(failure, root=0)
         if failure:
             if comm.rank == 0:
-                print(f"hpcfl: {failure}", file=sys.stderr, flush=True)
+                print(f"hpcfl: {failure[0]}", file=sys.stderr, flush=True)
                 writer.close()
-            exit_all(EXIT_WRITE)
+            exit_all(failure[1])
 
     control = RunControl(comm, cfg.guard, Limits.of(cfg.watchdog, comm.size), cfg.checkpoint.every_minutes,
                          resumed_from=start, out=out)

@@ -25,12 +25,11 @@ same ``--out`` is the same run.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
-import re
+import math
 import shlex
 import sys
-from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,11 +39,12 @@ from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F40
 from ..errors import ConfigError, HpcflError
 from ..io import safefs
 from .run import agree, cmd_run
+from .sweepgrid import legacy_names, point_names, read_grid, set_text  # noqa: F401  (read_grid: where callers found it)
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
 POINT_JOB = "job.toml"
-_NAME_CHARS = re.compile(r"[A-Za-z0-9._-]+")
-_MAX_NAME = 128   # config.RUN_NAME's limit
+MAX_POINTS = 10_000   # a larger grid needs --max-points (docs/guide.md, Sweeps)
+PLANNING = "the sweep's planning stops now (nothing has run yet)"   # what a stop signal does before a point runs
 
 
 @dataclass(frozen=True)
@@ -70,103 +70,56 @@ class Sweep:
     job: Path
     out: Path
     grid: dict      # dotted key -> list of values, in file order
-    points: tuple   # of Point, in grid order
+    points: Sequence   # of Point, in grid order (a Points: each built when asked for)
     notes: tuple = ()   # what the --set options dropped (a replaced component's table)
 
 
-# ---- the grid --------------------------------------------------------------------------------
-
-def read_grid(raw) -> dict:
-    """Validate a ``[sweep]`` table; returns {dotted key: list of values} in file order."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"sweep must be a table ([sweep] with \"section.key\" = [values...]), found {raw!r}")
-    from ..config import flatten  # unquoted dotted keys were grouped by section by TOML
-
-    grid, problems = flatten(raw), []
-    for key, values in grid.items():
-        if len(key.split(".")) < 2 or not all(key.split(".")):
-            problems.append(f"sweep key {key!r} must be a dotted config key, e.g. \"algorithm.lr\" = [0.01, 0.1]")
-        elif not isinstance(values, list):
-            problems.append(f"sweep.{key!r} = {values!r} must be a list of values, e.g. \"{key}\" = "
-                            f"[{toml_value(values) if isinstance(values, (bool, int, float, str)) else '...'}]")
-        elif not values:
-            problems.append(f"sweep.{key!r} is an empty list; give it at least one value, or remove the key")
-        if key == "run.name":
-            problems.append("sweep key 'run.name' cannot be swept: each point's run.name is its point name")
-    if not grid:
-        problems.append("the [sweep] table is empty; add \"section.key\" = [values...] lines, or use hpcfl run")
-    if problems:
-        raise ConfigError(problems)
-    return grid
+class Interrupted(Exception):
+    """A stop signal arrived while the sweep was being expanded, checked or listed (nothing ran)."""
 
 
-def set_text(key: str, value) -> str:
-    """``key=value`` as ``--set`` reads it: the plain value when it parses back the same, else TOML."""
-    from ..config import parse_override
-
-    plain = f"{key}={value}" if isinstance(value, str) else None
-    if plain is not None and parse_override(plain)[1] == value:
-        return plain
-    return f"{key}={toml_value(value)}"
+def _check_stop(doing: str, done: int, total: int) -> None:
+    name = signals.stop_requested()
+    if name:
+        raise Interrupted(f"hpcfl sweep: {name} received while {doing} (at point {done:,} of {total:,}); stopped "
+                          f"before running anything, nothing was written. Run the same command again to start")
 
 
-def _labels(keys: list[str]) -> dict:
-    """Each key's label in point names: its leaf, or the whole key when leaves collide; None for a
-    component's name (``algorithm.name``, ``model.name``, ``data.dataset``, ``data.partition``),
-    whose value names itself: ``fedavg_seed-0``, not ``name-fedavg_seed-0`` (``name`` is also
-    ``run.name`` and ``model.name``)."""
-    leaves = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: None if k.endswith(".name") or k in BARE_KEYS else leaf if leaves.count(leaf) == 1 else k
-            for k, leaf in zip(keys, leaves)}
+class Points(Sequence):
+    """The points of a grid, each built when it is asked for: a large grid is never held whole
+    (its names are, a few dozen bytes each). Indexing and iteration as for a tuple of :class:`Point`."""
+
+    def __init__(self, base: dict, grid: dict, names: list, job_dir: Path):
+        self.base, self.grid, self.names, self.job_dir = base, grid, names, job_dir
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        i = int(i) + (len(self) if i < 0 else 0)
+        if not 0 <= i < len(self):
+            raise IndexError(f"point {i} of {len(self)}")
+        from .. import config
+
+        combo, rest = [], i
+        for values in reversed(list(self.grid.values())):   # first key outermost: the last varies fastest
+            rest, digit = divmod(rest, len(values))
+            combo.append(values[digit])
+        sets = tuple(set_text(k, v) for k, v in zip(self.grid, reversed(combo)))
+        table = _anchor(config.apply_overrides(self.base, list(sets) + [f"run.name={self.names[i]}"]), self.job_dir)
+        return Point(i, self.names[i], sets, table)
 
 
-BARE_KEYS = ("data.dataset", "data.partition")   # with every "<section>.name": the value alone in point names
+def check_point(point: Point) -> None:
+    """Raise ConfigError naming ``point`` when its job is invalid."""
+    from .. import config
 
-
-def legacy_names(grid: dict, combos: list[tuple]) -> list[str]:
-    """The names earlier hpcfl versions gave the points (``name-fedavg_seed-0``: leaf, '-', value for
-    every key), so that a sweep started then resumes in its own folders."""
-    leaves = [k.rsplit(".", 1)[-1] for k in grid]
-    labels = {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(grid, leaves)}
-    return ["_".join(f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo)) for combo in combos]
-
-
-def _safe(value) -> str:
-    """A value as a file-name fragment: runs of other characters than [A-Za-z0-9._-] become '-'."""
-    text = value if isinstance(value, str) else toml_value(value)
-    return "-".join(_NAME_CHARS.findall(text)) or "_"
-
-
-def point_names(grid: dict, combos: list[tuple]) -> list[str]:
-    """Names of the points ``combos`` (value tuples in ``grid``'s key order), unique as folder names.
-
-    Unique by construction except when two values look alike once made safe ("a/b", "a:b"):
-    those points get their index appended. Where that still collides (a third value "a-b_1"),
-    or names differ only in letter case (one folder on a case-insensitive filesystem), each
-    colliding point gets a hash of its exact values instead. Names too long for run.name are
-    shortened and made unique with a hash of the full name. Raises ConfigError if two points
-    would still share a folder, so that nothing runs and no point's job overwrites another's.
-    """
-    labels = _labels(list(grid))
-    base = ["_".join(_safe(v) if labels[k] is None else f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo))
-            for combo in combos]
-    folded = Counter(n.casefold() for n in base)
-    names = [n if folded[n.casefold()] == 1 else f"{n}_{i}" for i, n in enumerate(base)]
-    folded = Counter(n.casefold() for n in names)
-    for i, combo in enumerate(combos):
-        if folded[names[i].casefold()] > 1:
-            names[i] = f"{base[i]}-{_digest(_canonical(list(combo)))}"
-    names = [n if len(n) <= _MAX_NAME else f"{n[:_MAX_NAME - 9]}-{_digest(n)}" for n in names]
-    folded = Counter(n.casefold() for n in names)
-    clash = [n for n in names if folded[n.casefold()] > 1]
-    if clash:
-        raise ConfigError(f"[sweep] points {clash[0]!r} and another would share one folder; make their values "
-                          f"differ in letters or digits")
-    return names
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:8]
+    try:
+        config.from_dict(point.table)
+    except ConfigError as exc:
+        raise ConfigError([f"[sweep] point {point.index} ({point.name}): {p}" for p in exc.problems]) from None
 
 
 # ---- expanding a job -------------------------------------------------------------------------
@@ -202,48 +155,55 @@ def _anchor(table: dict, job_dir: Path) -> dict:
     return table
 
 
-def expand(job, overrides: list[str] | None = None, out=None) -> Sweep:
-    """Read a sweep job, apply ``--set`` options, expand and validate every point.
+def expand(job, overrides: list[str] | None = None, out=None, max_points: int = MAX_POINTS,
+           check: bool = True) -> Sweep:
+    """Read a sweep job, apply ``--set`` options, expand and (``check``) validate every point.
 
     Parameters
     ----------
     job : path of a TOML job file with a ``[sweep]`` table
     overrides : ``--set`` texts applied to every point (must not touch a swept key)
     out : the sweep's folder; default ``runs/<run.name>``
+    max_points : a grid with more points is refused (:data:`MAX_POINTS`; ``--max-points``)
+    check : validate every point's job here (``--list`` validates each as it prints it instead)
 
-    Raises ConfigError naming the first point whose job is invalid, and the problem.
+    Raises ConfigError naming the first point whose job is invalid, and the problem, or a grid
+    over the limit; :class:`Interrupted` when a stop signal arrives meanwhile.
     """
     from .. import config
 
     overrides = list(overrides or [])
     base, grid = read_job(job)
     _check_overrides(grid, overrides)
+    total = math.prod(len(v) for v in grid.values())
+    if total > max_points:
+        shape = " x ".join(f"{k} ({len(v)})" for k, v in grid.items())
+        raise ConfigError(f"[sweep] has {total:,} points ({shape}), more than the limit of {max_points:,}: the points "
+                          f"run one after another, and even checking or listing them takes about 5 ms each. Make "
+                          f"the grid smaller or split it into several jobs, or raise the limit with --max-points "
+                          f"{total}")
     notes: list = []
     base = config.apply_overrides(base, overrides, notes)
     name = base.get("run", {}).get("name", "run") if isinstance(base.get("run"), dict) else "run"
     if out is None and not (isinstance(name, str) and config.RUN_NAME.fullmatch(name) and name not in (".", "..")):
         raise ConfigError(f"run.name = {name!r} must be a plain name (letters, digits, '.', '_', '-'): the sweep "
                           f"writes to runs/<run.name>; fix it or pass --out DIR")
-    combos = list(itertools.product(*grid.values()))
+    combos = list(itertools.product(*grid.values()))   # at most max_points tuples
     names = point_names(grid, combos)
     sweep_out = Path(out) if out else Path("runs") / name
     old = legacy_names(grid, combos)
+    del combos
     if old != names and any((sweep_out / o / "results.h5").exists() for o in old) \
             and not any((sweep_out / n).exists() for n in names):
         names = old   # a sweep begun by an older hpcfl goes on in its folders (finished points skipped)
         notes.append(f"{sweep_out} holds this sweep's points under their earlier names (e.g. {old[0]}): they keep "
                      f"them")
-    job_dir = Path(job).resolve().parent
-    points = []
-    for i, (combo, pname) in enumerate(zip(combos, names)):
-        sets = tuple(set_text(k, v) for k, v in zip(grid, combo))
-        table = _anchor(config.apply_overrides(base, list(sets) + [f"run.name={pname}"]), job_dir)
-        try:
-            config.from_dict(table)
-        except ConfigError as exc:
-            raise ConfigError([f"[sweep] point {i} ({pname}): {p}" for p in exc.problems]) from None
-        points.append(Point(i, pname, sets, table))
-    return Sweep(Path(job), sweep_out, grid, tuple(points), tuple(notes))
+    points = Points(base, grid, names, Path(job).resolve().parent)
+    if check:
+        for point in points:
+            _check_stop("checking the grid's points", point.index, total)
+            check_point(point)
+    return Sweep(Path(job), sweep_out, grid, points, tuple(notes))
 
 
 def select(sweep: Sweep, only: int | None) -> tuple:
@@ -259,22 +219,26 @@ def select(sweep: Sweep, only: int | None) -> tuple:
 
 # ---- output ----------------------------------------------------------------------------------
 
-def listing(sweep: Sweep, overrides: list[str]) -> str:
-    """What ``--list`` prints: the grid, one line per point, the sbatch line for a job array."""
+def listing(sweep: Sweep, overrides: list[str]):
+    """What ``--list`` prints, line by line as each point is built and checked (a generator): the
+    grid, one line per point, the sbatch line for a job array. Raises ConfigError at the first
+    invalid point, :class:`Interrupted` when a stop signal arrives."""
     n = len(sweep.points)
     shape = " x ".join(f"{k} ({len(v)})" for k, v in sweep.grid.items())
-    width = max(len(p.name) for p in sweep.points)
-    lines = [f"{sweep.job}: {n} point(s), {shape}; each into {sweep.out}/<name>",
-             f"{'index':>5}  {'name':<{width}}  settings"]
+    width = max(len(name) for name in sweep.points.names) if isinstance(sweep.points, Points) else \
+        max(len(p.name) for p in sweep.points)
+    yield f"{sweep.job}: {n} point(s), {shape}; each into {sweep.out}/<name>"
+    yield f"{'index':>5}  {'name':<{width}}  settings"
     for p in sweep.points:
-        lines.append(f"{p.index:>5}  {p.name:<{width}}  " + " ".join(f"--set {shlex.quote(s)}" for s in p.sets))
-    lines += ["", "As a Slurm job array (task i runs point i, into runs/sweep/$HPCFL_SWEEP/<name>), from the "
-                  "repository root:",
-              f"  JOB={shlex.quote(str(sweep.job))} HPCFL_SWEEP={shlex.quote(sweep.out.name)} "
-              f"sbatch --array=0-{n - 1} {ARRAY_TEMPLATE}"]
+        _check_stop("listing the grid's points", p.index, n)
+        check_point(p)
+        yield f"{p.index:>5}  {p.name:<{width}}  " + " ".join(f"--set {shlex.quote(s)}" for s in p.sets)
+    yield ""
+    yield "As a Slurm job array (task i runs point i, into runs/sweep/$HPCFL_SWEEP/<name>), from the repository root:"
+    yield (f"  JOB={shlex.quote(str(sweep.job))} HPCFL_SWEEP={shlex.quote(sweep.out.name)} "
+           f"sbatch --array=0-{n - 1} {ARRAY_TEMPLATE}")
     if overrides:
-        lines.append("  (the array tasks do not get this command's --set options: put them in the job file)")
-    return "\n".join(lines)
+        yield "  (the array tasks do not get this command's --set options: put them in the job file)"
 
 
 def write_point_job(sweep: Sweep, point: Point) -> Path:
@@ -349,26 +313,45 @@ def add_parser(sub) -> None:
                    help="print the points and the sbatch line for a job array; run nothing")
     s.add_argument("--only", type=int, metavar="I",
                    help="run point I only (an array task; no summary table)")
+    s.add_argument("--max-points", type=int, default=MAX_POINTS, metavar="N",
+                   help=f"refuse a grid of more than N points (default {MAX_POINTS:,})")
 
 
 def main(args, comm) -> int:
+    from ..parallel.exits import EXIT_DIVERGED, EXIT_INPUT, EXIT_RESUMABLE, exit_all
 
-    signals.install()   # as for hpcfl run: a stop signal from here on is a stop request
-    err, sweep, chosen = None, None, ()
+    signals.install(PLANNING)   # a stop signal from here on is a stop request: planning ends at once
+    err, stop, sweep, chosen = None, None, None, ()
     try:
-        sweep = expand(args.job, args.overrides, args.out)
+        sweep = expand(args.job, args.overrides, args.out, args.max_points, check=not args.list)
         chosen = select(sweep, args.only)
     except HpcflError as exc:
         err = exc
+    except Interrupted as exc:
+        stop = str(exc)
+    stops = [s for s in comm.allgather(stop) if s]
+    if stops:
+        if comm.rank == 0:
+            print(stops[0], file=sys.stderr, flush=True)
+        exit_all(EXIT_RESUMABLE)
     agree(comm, err)
     if comm.rank == 0:
         for note in sweep.notes:   # as hpcfl run says it: a dropped table must not go unnoticed
             print(f"hpcfl sweep: note: {note}", flush=True)
-    if args.list:
+    if args.list:   # rank 0 prints as it goes; every rank ends with its code
+        code = 0
         if comm.rank == 0:
-            print(listing(sweep, args.overrides), flush=True)
-        return 0
-    from ..parallel.exits import EXIT_DIVERGED
+            try:
+                for line in listing(sweep, args.overrides):
+                    print(line)
+            except HpcflError as exc:
+                code = EXIT_INPUT
+                print(exc, file=sys.stderr, flush=True)
+            except Interrupted as exc:
+                code = EXIT_RESUMABLE
+                print(exc, file=sys.stderr, flush=True)
+            sys.stdout.flush()
+        return comm.bcast(code, root=0)
 
     for point in chosen:
         code = run_point(sweep, point, comm)

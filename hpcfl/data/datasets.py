@@ -367,8 +367,38 @@ def load_lga_synthetic(opts: LgaSyntheticOptions, root: str | None, seed: int) -
                    input_shape=(d,))
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_ROWS = 4096   # rows checked at a time: the finite-value check never holds a mask as large as x
+
+
 def check_arrays(name: str, x: np.ndarray, y: np.ndarray, what: str) -> None:
-    """Raise DataError unless x has one row per label and labels are non-negative."""
+    """Raise DataError unless x is an array of numeric samples (at least 1-D rows: shape (n, ...)),
+    with one row per label, every value finite and within float32's range (the engine trains in
+    float32 or float64 from a float32 copy), and labels are non-negative.
+
+    ``what`` names the pair, e.g. ``"x/y"``; its first name is the inputs' array. A NaN or Inf
+    input would reach the model and surface rounds later as "diverged" (NaN) or as every client's
+    update refused by the guard (Inf), blaming the learning rate or the clients: the message here
+    names the file, the array, the first bad index and the fix instead.
+    """
+    xname = what.split("/")[0]
+    if x.ndim < 2:
+        raise DataError(f"{name}: {xname} has shape {x.shape}; expected one row per sample, shape (samples, "
+                        f"features...) with at least 2 dimensions (e.g. reshape a 1-D feature to (n, 1))")
+    if x.dtype.kind not in "biuf":
+        raise DataError(f"{name}: {xname} has dtype {x.dtype}; expected numbers (bool, integer or float)")
+    if x.dtype.kind == "f":
+        for start in range(0, x.shape[0], _ROWS):
+            block = x[start:start + _ROWS]
+            bad = ~np.isfinite(block) | (np.abs(block) > _F32_MAX)
+            if bad.any():
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
+                at = (at[0] + start,) + at[1:]
+                value = float(x[at])
+                why = "not finite" if not np.isfinite(value) else "beyond float32's range (it would become inf)"
+                raise DataError(f"{name}: {xname}[{', '.join(map(str, at))}] = {value!r} is {why}; "
+                                f"inputs must be finite: replace or drop those samples (e.g. np.nan_to_num, or "
+                                f"keep np.isfinite(x).all(axis=...) rows) and write the file again")
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{name}: {what} has {x.shape[0]} inputs but {y.shape[0]} labels")
     if y.size and y.min() < 0:

@@ -22,25 +22,56 @@ from ..signals import stop_requested
 from .watchdog import Limits, Watchdog
 
 
+FAULT_PHASES = ("decide", "train", "reduce", "server", "eval", "checkpoint")   # RunControl.phase's names
+FAULT_KINDS = ("raise", "exit", "kill", "hang", "stop")
+FAULT_FORMAT = (f"HPCFL_FAULT=RANK:PHASE:ROUND:KIND with RANK and ROUND integers counted from 0, PHASE one of "
+                f"{', '.join(FAULT_PHASES)} and KIND one of {', '.join(FAULT_KINDS)} (e.g. 0:train:1:kill); it is "
+                f"a test hook that makes a run fail on purpose: unset it for real runs")
+
+
+def parse_fault(spec: str) -> tuple[int, str, int, str] | None:
+    """``HPCFL_FAULT``'s value as (rank, phase, round, kind), None when empty; anything else
+    raises an input error naming the format (before a run creates anything, so that a mistyped
+    test hook never half-starts a run)."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    ok = len(parts) == 4 and parts[0].isdigit() and parts[2].isdigit() and parts[1] in FAULT_PHASES \
+        and parts[3] in FAULT_KINDS
+    if not ok:
+        raise HpcflError(f"HPCFL_FAULT={spec!r} is not a fault to inject; expected {FAULT_FORMAT}")
+    return int(parts[0]), parts[1], int(parts[2]), parts[3]
+
+
+def fault_notice(spec: str) -> str | None:
+    """The start-up warning while fault injection is on (None when it is off); raises like :func:`parse_fault`."""
+    fault = parse_fault(spec)
+    if fault is None:
+        return None
+    rank, phase, rnd, kind = fault
+    return (f"hpcfl: WARNING: fault injection is ON (HPCFL_FAULT={spec}): rank {rank} will {kind} in phase "
+            f"'{phase}' of round {rnd + 1}, on purpose. This is a test hook; unset HPCFL_FAULT for real runs")
+
+
 class FaultInjector:
-    """Test hook: ``HPCFL_FAULT=rank:phase:round:kind`` fails that rank there.
+    """Test hook: ``HPCFL_FAULT=rank:phase:round:kind`` fails that rank there (:data:`FAULT_FORMAT`).
 
     ``round`` is the loop's index, counted from 0 (messages and files count from 1).
 
-    kind is ``raise`` (an exception), ``exit`` (sys.exit(3)), ``kill`` (SIGKILL to itself),
+    kind is ``raise`` (an exception), ``exit`` (exit code 1), ``kill`` (SIGKILL to itself),
     ``hang`` (sleep forever, for the watchdog) or ``stop`` (SIGSTOP to itself: a frozen rank,
-    whose own watchdog thread stops with it). When ``HPCFL_FAULT_STAMP`` names a file,
-    the wall time of the fault is written there first, so tests can time the shutdown.
-    Used by the rank-death tests; a no-op when the variable is unset.
+    whose own watchdog thread stops with it); each says so on stderr first. When
+    ``HPCFL_FAULT_STAMP`` names a file, the wall time of the fault is written there first, so
+    tests can time the shutdown. Used by the rank-death tests; a no-op when the variable is
+    unset. A malformed value raises an input error (``hpcfl run`` checks it before it creates
+    anything, and prints a warning at start-up whenever it is set).
     """
 
     def __init__(self, rank: int):
-        spec = os.environ.get("HPCFL_FAULT", "")
-        self.target = None
-        if spec:
-            r, phase, rnd, kind = spec.split(":")
-            if int(r) == rank:
-                self.target = (phase, int(rnd), kind)
+        fault = parse_fault(os.environ.get("HPCFL_FAULT", ""))
+        self.target, self.rank = None, rank
+        if fault is not None and fault[0] == rank:
+            self.target = fault[1:]
 
     def check(self, phase: str, rnd: int) -> None:
         if self.target is None or self.target[:2] != (phase, rnd):
@@ -50,10 +81,12 @@ class FaultInjector:
         if stamp:
             with open(stamp, "w") as f:
                 f.write(repr(time.time()))
+        print(f"hpcfl: HPCFL_FAULT: injecting '{kind}' on rank {self.rank} in phase '{phase}' of round {rnd + 1}",
+              file=sys.stderr, flush=True)
         if kind == "raise":
             raise RuntimeError(f"injected fault in phase {phase} of round {rnd}")
         if kind == "exit":
-            sys.exit(3)
+            sys.exit(1)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "hang":

@@ -51,6 +51,7 @@ import json
 import os
 import re
 import shutil
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,7 @@ import numpy as np
 
 from hpcfl.errors import HpcflError
 from hpcfl.io import h5check, safefs
+from hpcfl.io.heldir import HeldDir
 
 FORMAT_VERSION = 1
 _CALLER_KEYS = ("world_size", "config_sha256", "versions")
@@ -191,13 +193,29 @@ class CheckpointStore:
         # save need not re-read all kept checkpoints to count the valid ones.
         self._verified: dict = {}
         self.last_skipped: list = []  # the skipped files of the last load_latest()
+        self._held = None    # HeldDir once hold() was called: a live run's folder (hpcfl/io/heldir.py)
+        self._owned = None   # names rotation may delete once held: there at hold(), or written since
+
+    def hold(self) -> None:
+        """A live run takes the folder (after checking it is its own): from now on every operation
+        goes through a descriptor held open, each save first checks that the folder at the path is
+        still this one (else :class:`hpcfl.io.heldir.DirectoryMoved`), and rotation deletes only
+        checkpoints that were there now or that this store wrote."""
+        self._held = HeldDir(self.directory)
+        weakref.finalize(self, self._held.close)   # a sweep runs many stores in one process
+        self._owned = {n for n in self._held.names() if _FINAL_RE.match(n)}
+
+    def _at(self, path: Path) -> Path:
+        """``path`` (in this folder) as the held folder's, wherever it now is."""
+        return self._held.at(path.name) if self._held is not None else path
 
     def path_for(self, round: int) -> Path:
         return self.directory / f"ckpt-{int(round):08d}.h5"
 
     def list(self):
         """``[(round, path)]`` of all ``ckpt-*.h5`` files, newest first, not verified."""
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _FINAL_RE.match(p.name))]
+        names = self._held.names() if self._held is not None else [p.name for p in self.directory.iterdir()]
+        found = [(int(m.group(1)), self.directory / n) for n in names if (m := _FINAL_RE.match(n))]
         return sorted(found, key=lambda rp: rp[0], reverse=True)
 
     def clean_temp(self):
@@ -255,6 +273,8 @@ class CheckpointStore:
             "meta": _to_json(dict(meta or {})),
             **{k: _to_json(v) for k, v in manifest.items()},
         }
+        if self._held is not None:
+            self._held.verify()   # swapped since the last save: stop before touching either folder
         final = self.path_for(round)
         tmp = self.directory / f".ckpt-{round:08d}.h5.tmp-{os.getpid()}"
         nbytes = sum(a.nbytes for a in arrays.values())
@@ -262,26 +282,31 @@ class CheckpointStore:
         if free is not None and free < nbytes + (64 << 10):   # HDF5 meeting a full disk can crash at exit: check first
             raise HpcflError(self._write_error(round, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), nbytes))
         try:
-            self._write(tmp, arrays, attrs)
-            os.replace(tmp, final)
-            safefs.fsync(self.directory, directory=True)
+            self._write(self._at(tmp), arrays, attrs)
+            os.replace(self._at(tmp), self._at(final))
+            if self._held is not None:
+                self._held.fsync()
+            else:
+                safefs.fsync(self.directory, directory=True)
         except BaseException as e:
             # Whatever went wrong, a half-written file must not stay behind and eat the
             # space that the next attempt needs.
-            tmp.unlink(missing_ok=True)
+            self._at(tmp).unlink(missing_ok=True)
             if isinstance(e, (OSError, RuntimeError)):   # HDF5 reports some failed writes as RuntimeError
                 raise HpcflError(self._write_error(round, e, nbytes)) from e
             raise
         try:
-            loaded = self._read(final, keep_arrays=False)
+            loaded = self._read(self._at(final), keep_arrays=False)
             if loaded.manifest["payload_sha256"] != digest:
                 raise _Invalid("the stored payload_sha256 is not the one computed before writing")
         except _Invalid as e:
             # The write "succeeded" but the file does not hold what was written (a silent
             # I/O error): delete it so that no restart ever trusts it.
-            final.unlink(missing_ok=True)
+            self._at(final).unlink(missing_ok=True)
             raise HpcflError(f"checkpoint {final} failed verification right after writing ({e}); it was "
                              f"deleted and older checkpoints kept. Check {self.directory} for I/O errors.") from None
+        if self._owned is not None:
+            self._owned.add(final.name)
         self._remember(final)
         self._rotate(final)
         return final
@@ -330,8 +355,10 @@ class CheckpointStore:
     def _rotate(self, newest: Path) -> None:
         valid = 0
         for _, path in self.list():
+            if self._owned is not None and path.name not in self._owned:
+                continue   # not this run's (put there since it started): never deleted, never counted
             if valid >= self.keep and path != newest:
-                path.unlink(missing_ok=True)  # beyond the newest `keep` valid ones
+                self._at(path).unlink(missing_ok=True)  # beyond the newest `keep` valid ones
                 self._verified.pop(path, None)
             elif path == newest or self._is_valid(path):
                 valid += 1
@@ -339,15 +366,15 @@ class CheckpointStore:
             # moves past it; it never counts towards `keep`.
 
     def _remember(self, path: Path) -> None:
-        st = path.stat()
+        st = self._at(path).stat()
         self._verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def _is_valid(self, path: Path) -> bool:
         try:
-            st = path.stat()
+            st = self._at(path).stat()
             if self._verified.get(path) == (st.st_ino, st.st_size, st.st_mtime_ns):
                 return True
-            self._read(path, keep_arrays=False)
+            self._read(self._at(path), keep_arrays=False)
         except (_Invalid, OSError):
             return False
         self._remember(path)

@@ -81,6 +81,25 @@ def check_writable(path: Path, what: str, fix: str) -> None:
         raise HpcflError(f"{what} {path} cannot be written ({base}: {reason}); {fix}") from None
 
 
+# The names the results writer (io/results.py) builds results.h5 under and copies it to before the
+# final rename; a stale file or link there is removed when the writer needs the name, a folder cannot be.
+SCRATCH = (".results.h5.new-tmp", ".results.h5.resume-tmp", "results.h5.final")
+
+
+def check_scratch(out: Path) -> None:
+    """Raise an input error when a folder sits at one of the temporary names of results.h5 in ``out``.
+
+    hpcfl removes a stale file or link there when it needs the name, but never a folder (it may hold
+    someone's files); found only when the name is used, it would end the run with the full-disk code
+    after every round had trained. So it is refused here, before anything is written.
+    """
+    for name in SCRATCH:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            raise HpcflError(f"{path} is a folder, where hpcfl writes a temporary copy of results.h5; move it "
+                             f"away (or remove it) and run again, or choose another --out")
+
+
 def lock(out: Path) -> None:
     """Hold an exclusive lock on ``out`` until :func:`unlock` or the end of this process, or raise.
 
