@@ -77,7 +77,10 @@ def variables_in_code() -> set[str]:
         if "environ" in src:
             found |= {n.value for n in ast.walk(ast.parse(src))
                       if isinstance(n, ast.Constant) and isinstance(n.value, str) and _NAME.match(n.value)}
-    return found
+    return found - SYSCONF
+
+
+SYSCONF = {"SC_CLK_TCK"}   # os.sysconf names, not variables
 
 
 def variables_in_guide() -> set[str]:
