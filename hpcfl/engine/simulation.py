@@ -38,6 +38,7 @@ from ..parallel.runtime import (NondeterministicOp, all_finite, bcast_model, con
                                 pick_threads, sums_device, sync, to_host)
 from ..params import FlatModel
 from .control import RunControl
+from .dataload import load_per_node
 from .evaluation import evaluate, train_eval_set
 from .records import REJECTED, round_records
 
@@ -68,6 +69,7 @@ class Setup:
     dealt: bool | None = None   # each round's training dealt to ranks by expected work (set by settle_placement)
     migration: object = None    # hpcfl.engine.placement.Migration when dealt clients carry per-client state
     acc: object = None          # the round's sum (hpcfl.parallel.gridsum.GridSum or comm.FloatSum), see accumulator()
+    home: np.ndarray = None     # ids of this rank's own clients, ascending (found once: a round never scans all N)
 
 
 def prepare(cfg, comm) -> Setup:
@@ -80,13 +82,13 @@ def prepare(cfg, comm) -> Setup:
     device = pick_device(cfg.runtime.device, local_rank)
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
 
-    ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
+    ds = load_per_node(cfg, comm)   # generated once per node on a cache miss
     parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients, cfg.partition_options,
                                 cfg.run.seed, ds)
     if len(parts) != cfg.data.num_clients:
         raise ConfigError(f"data.num_clients = {cfg.data.num_clients} but the partition made {len(parts)} clients; "
                           f"set data.num_clients = {len(parts)}")
-    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     empty = np.flatnonzero(sizes == 0)
     if empty.size:
         raise ConfigError(f"{empty.size} clients got no training samples (first: client {empty[0]}); "
@@ -101,7 +103,7 @@ def prepare(cfg, comm) -> Setup:
     slot[mine] = np.arange(mine.size)
     # Every client's indices (8 bytes per training sample) on every rank, so that any rank can train any client.
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    index = np.concatenate(parts).astype(np.int64)
+    index = np.concatenate(parts, dtype=np.int64)   # once: class counts below read it too
 
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
@@ -127,11 +129,11 @@ def prepare(cfg, comm) -> Setup:
         up, down = algo.transfer()          # the policies' extra floats each way (SCAFFOLD: Delta c, c)
         system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
                              download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
-    counts = data.class_counts(ds.y_train, parts, ds.num_classes)
+    counts = data.class_counts_flat(ds.y_train, index, sizes, ds.num_classes)
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block)
+                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block, home=mine)
 
 
 def accumulator(s: Setup):
@@ -195,8 +197,15 @@ def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> Rou
     mine = np.flatnonzero(s.owner[cohort] == s.comm.rank)
     log = (lambda msg: print(f"hpcfl: round {rnd + 1}: {msg}", flush=True)) if s.comm.rank == 0 else (lambda msg: None)
     return RoundContext(rnd, s.cfg.run.rounds, s.cfg.run.seed, cohort, s.sizes[cohort], s.sizes, s.class_counts,
-                        lr, mine, s.slot[cohort], collective, np.flatnonzero(s.owner == s.comm.rank),
+                        lr, mine, s.slot[cohort], collective, _home(s),
                         LocalClients(s, rnd, cohort), draws, log=log)
+
+
+def _home(s: Setup) -> np.ndarray:
+    """This rank's own clients (a Setup built by hand may lack them: found then, once)."""
+    if s.home is None:
+        s.home = np.flatnonzero(s.owner == s.comm.rank)
+    return s.home
 
 
 def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.ndarray | None = None,
