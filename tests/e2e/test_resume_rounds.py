@@ -15,6 +15,8 @@ from clirun import assert_same_run, hpcfl
 
 from hpcfl.results import load
 
+T = 600   # seconds for one small run: generous, the suite runs under load on 2 cores
+
 JOB = """
 [run]
 name = "rr"
@@ -42,7 +44,7 @@ keep = 3
 
 def kill_before_round(jobfile, out, rnd, *sets):
     """Run until the start of round ``rnd`` + 1 (the loop's index ``rnd``), then SIGKILL."""
-    p = hpcfl("run", jobfile, "--out", str(out), *sets, env={"HPCFL_FAULT": f"0:decide:{rnd}:kill"})
+    p = hpcfl("run", jobfile, "--out", str(out), *sets, env={"HPCFL_FAULT": f"0:decide:{rnd}:kill"}, timeout=T)
     assert p.returncode == -9, p.stderr
     return p
 
@@ -70,7 +72,7 @@ def test_results_behind_the_checkpoint_exits_2_and_changes_nothing(killed, tmp_p
     jobfile, out = copy_of(killed, tmp_path)
     shutil.copy2(killed / "results-after-round-2.h5", out / "results.h5")   # an older copy put back
     before = (out / "results.h5").read_bytes()
-    p = hpcfl("run", jobfile, "--out", str(out))
+    p = hpcfl("run", jobfile, "--out", str(out), timeout=T)
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"{out / 'results.h5'} holds rounds 1-2 but checkpoint {out / 'checkpoints' / 'ckpt-00000004.h5'} was " \
            f"written after round 4" in p.stderr
@@ -78,7 +80,7 @@ def test_results_behind_the_checkpoint_exits_2_and_changes_nothing(killed, tmp_p
     assert (out / "results.h5").read_bytes() == before and load(out).attrs["status"] == "running"
     # the fix the message gives: without ckpt-4 the run resumes from ckpt-2 and finishes whole
     (out / "checkpoints" / "ckpt-00000004.h5").unlink()
-    p = hpcfl("run", jobfile, "--out", str(out))
+    p = hpcfl("run", jobfile, "--out", str(out), timeout=T)
     assert p.returncode == 0 and "resuming from ckpt-00000002.h5" in p.stdout, p.stderr
     assert load(out).metrics["round"].tolist() == [1, 2, 3, 4, 5, 6]
 
@@ -89,7 +91,7 @@ def test_a_checkpoint_ahead_of_the_job_exits_2(killed, tmp_path):
     shutil.copy2(out / "checkpoints" / "ckpt-00000004.h5", ahead)
     with h5py.File(ahead, "r+") as f:   # a checkpoint that claims round 99 of this 6-round job
         f.attrs["round"] = 99
-    p = hpcfl("run", jobfile, "--out", str(out))
+    p = hpcfl("run", jobfile, "--out", str(out), timeout=T)
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"checkpoint {ahead} claims round 99, beyond the job's run.rounds = 6" in p.stderr
     assert f"Remove it from {out / 'checkpoints'}" in p.stderr
@@ -98,7 +100,7 @@ def test_a_checkpoint_ahead_of_the_job_exits_2(killed, tmp_path):
 
 def test_rounds_lowered_below_the_checkpoint_exits_2(killed, tmp_path):
     jobfile, out = copy_of(killed, tmp_path)
-    p = hpcfl("run", jobfile, "--out", str(out), "--set", "run.rounds=2")
+    p = hpcfl("run", jobfile, "--out", str(out), "--set", "run.rounds=2", timeout=T)
     assert p.returncode == 2, p.stdout + p.stderr
     assert "resuming from" not in p.stdout
     assert f"run.rounds = 2 is below the round of checkpoint {out / 'checkpoints' / 'ckpt-00000004.h5'} " \
@@ -115,8 +117,8 @@ def test_a_kill_after_a_checkpoint_never_leaves_results_behind_it(killed, tmp_pa
     jobfile, out = str(killed / "job.toml"), tmp_path / "out"
     kill_before_round(jobfile, out, 4, "--set", "results.flush_seconds=1000")
     assert load(out).metrics["round"].tolist() == [1, 2, 3, 4]
-    p = hpcfl("run", jobfile, "--out", str(out), "--set", "results.flush_seconds=1000")
+    p = hpcfl("run", jobfile, "--out", str(out), "--set", "results.flush_seconds=1000", timeout=T)
     assert p.returncode == 0 and "resuming from ckpt-00000004.h5" in p.stdout, p.stderr
     ref = tmp_path / "ref"   # every round written as it ends, never stopped
-    assert hpcfl("run", jobfile, "--out", str(ref), "--set", "results.flush_seconds=0").returncode == 0
+    assert hpcfl("run", jobfile, "--out", str(ref), "--set", "results.flush_seconds=0", timeout=T).returncode == 0
     assert_same_run(ref, out)
