@@ -67,13 +67,15 @@ def check(results: Path, ckpt: Path, ckpt_round: int, job_rounds: int, ckpt_job_
     kept = np.unique(have[have <= ckpt_round])
     if not np.array_equal(kept, np.arange(1, ckpt_round + 1)):   # rounds 1..ckpt_round are all there
         missing = np.setdiff1d(np.arange(1, ckpt_round + 1), kept)
+        covered = int(missing[0]) - 1   # the file is whole up to this round
+        older = (f"remove the checkpoints after round {covered} from {ckpt.parent} so that the run resumes from "
+                 f"one the file covers" if covered else
+                 f"remove the checkpoints from {ckpt.parent} so that the run starts again at round 1")
         raise HpcflError(
             f"{results} holds rounds {spans(have)} but checkpoint {ckpt} was written after round {ckpt_round}: "
             f"results.h5 is behind its checkpoint (rounds {spans(missing)} are missing; an older copy put back, or "
             f"a file system that lost its end), and resuming would finish with those rounds missing. Put back the "
-            f"results.h5 written with that checkpoint, or remove the checkpoints after round "
-            f"{int(missing[0]) - 1} from {ckpt.parent} so that the run resumes from one the file covers, "
-            f"{start_over}")
+            f"results.h5 written with that checkpoint, or {older}, {start_over}")
 
 
 def job_rounds_of(loaded) -> int | None:
