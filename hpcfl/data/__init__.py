@@ -154,6 +154,8 @@ def make_partition(name: str, labels, num_clients: int, options, seed: int, data
     parts = spec.fn(y, k, opts, int(seed), dataset)
     if len(parts) != k:  # a bug, not a user error
         raise AssertionError(f"partition {name} returned {len(parts)} clients, expected {k}")
+    if isinstance(parts, _p.Groups):   # int64 views of one array already (and that array, for start-up)
+        return parts
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 

@@ -22,7 +22,17 @@ from ..errors import ConfigError
 # ------------------------------------------------------------------------ helpers
 
 
-def groups_from_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
+class Groups(list):
+    """A partition as a list of per-client index arrays that also holds them concatenated:
+    ``flat`` (sum of sizes,) int64, every client's indices in id order, and ``sizes`` (clients,)
+    int64. The list's arrays are views of ``flat``, so start-up need not concatenate a million
+    small arrays again (:func:`hpcfl.engine.simulation.prepare`)."""
+
+    flat: np.ndarray
+    sizes: np.ndarray
+
+
+def groups_from_owner(owner: np.ndarray, num_clients: int) -> Groups:
     """Per-client sorted index arrays from ``owner[i]`` = client of sample i (-1: unused).
 
     Linear apart from one sort of n int64 keys (client + 1) * n + i, unique, so any sort is
@@ -40,7 +50,9 @@ def groups_from_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
         order = np.argsort(owner, kind="stable")
     order = order[n - int(counts.sum()) :]  # drop the -1 block at the front
     ends = np.cumsum(counts).tolist()
-    return [order[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    groups = Groups(order[a:b] for a, b in zip([0] + ends[:-1], ends))
+    groups.flat, groups.sizes = order, counts.astype(np.int64)
+    return groups
 
 
 def num_classes_of(labels: np.ndarray, dataset) -> int:

@@ -88,7 +88,8 @@ def prepare(cfg, comm) -> Setup:
     if len(parts) != cfg.data.num_clients:
         raise ConfigError(f"data.num_clients = {cfg.data.num_clients} but the partition made {len(parts)} clients; "
                           f"set data.num_clients = {len(parts)}")
-    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    flat = getattr(parts, "flat", None)   # most partitions come concatenated too (data.partition.Groups)
+    sizes = parts.sizes if flat is not None else np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     empty = np.flatnonzero(sizes == 0)
     if empty.size:
         raise ConfigError(f"{empty.size} clients got no training samples (first: client {empty[0]}); "
@@ -103,7 +104,7 @@ def prepare(cfg, comm) -> Setup:
     slot[mine] = np.arange(mine.size)
     # Every client's indices (8 bytes per training sample) on every rank, so that any rank can train any client.
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    index = np.concatenate(parts, dtype=np.int64)   # once: class counts below read it too
+    index = flat if flat is not None else np.concatenate(parts, dtype=np.int64)   # class counts read it too
 
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)

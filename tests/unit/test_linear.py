@@ -47,11 +47,23 @@ def test_groups_from_owner_matches_the_argsort_and_split(seed):
     assert len(new) == len(old) == k
     for a, b in zip(new, old):
         assert a.dtype == b.dtype == np.int64 and a.tolist() == b.tolist()
+    # what start-up reads instead of concatenating the pieces again
+    assert new.flat.tolist() == np.concatenate(old).tolist() and new.sizes.tolist() == [len(b) for b in old]
 
 
 def test_groups_from_owner_by_hand():
     got = groups_from_owner(np.array([2, -1, 0, 2, 0, -1, 2]), 4)
     assert [g.tolist() for g in got] == [[2, 4], [], [0, 3, 6], []]
+    assert got.flat.tolist() == [2, 4, 0, 3, 6] and got.sizes.tolist() == [2, 0, 3, 0]
+
+
+def test_make_partition_keeps_the_concatenated_indices():
+    from hpcfl.data import make_partition
+
+    y = np.random.default_rng(0).integers(0, 4, 300)
+    parts = make_partition("dirichlet", y, 12, None, 5)
+    assert parts.flat.tolist() == np.concatenate(list(parts)).tolist()
+    assert all(p.dtype == np.int64 for p in parts)
 
 
 @pytest.mark.parametrize("seed", range(4))
