@@ -3,6 +3,7 @@
 Run from the repository root::
 
     python bench/round_cost_bench.py [--tree /work/main] [--tree .] [--ranks 2] [--rounds 100 1100]
+    python bench/round_cost_bench.py --writer-only [--rounds 0 2000]
 
 Logistic regression on the digits, 10 clients all in every round, one local step, no evaluation:
 the training is about a millisecond, so a round's time is mostly what surrounds it. Each source
@@ -73,13 +74,53 @@ def run(tree: Path, ranks: int, rounds: int, folder: Path) -> tuple[float, float
     return wall, train_ms
 
 
+def writer_cost(rounds: int, clients: int = 10) -> None:
+    """Rank 0's results write alone, in this process: ms per round that ``on_round`` spends in
+    ``ResultsWriter.append_round`` (including the batched writes and a final sync), every round
+    written as it ends (``results.flush_seconds = 0``, what every round did before) against the
+    default batching. This is the time the other ranks wait at the round's end, without the
+    scheduling noise of a loaded machine."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import numpy as np
+
+    from hpcfl.cli.run import batching
+    from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter
+
+    attrs = {"config": {"run": {"rounds": rounds}}, "run_id": "0" * 32}
+    ids = np.arange(clients)
+    for seconds in (0.0, 2.0):
+        with tempfile.TemporaryDirectory() as d:
+            w = ResultsWriter(Path(d) / "results.h5", attrs, np.ones((clients, 10), dtype=np.int64),
+                              **batching(seconds))
+            spent = 0.0
+            for r in range(1, rounds + 1):
+                m = {k: float(r) for k in METRICS}
+                m["round"] = r
+                c = {k: np.full(clients, r) for k in CLIENT_FIELDS}
+                c["client"] = ids
+                t = time.perf_counter()
+                w.append_round(m, c)
+                spent += time.perf_counter() - t
+            t = time.perf_counter()
+            w.sync()
+            spent += time.perf_counter() - t
+            w.close()
+        print(f"  results write on rank 0, flush_seconds = {seconds:g}: {spent / rounds * 1e3:6.3f} ms/round "
+              f"({rounds} rounds of {clients} clients)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", type=Path, help="a source tree to time (repeatable)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, nargs=2, default=(100, 1100), metavar=("R1", "R2"))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--writer-only", action="store_true", help="time rank 0's results write alone (this tree)")
     args = ap.parse_args()
+    if args.writer_only:
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        writer_cost(args.rounds[1])
+        return
     trees = [t.resolve() for t in (args.tree or [Path(__file__).resolve().parents[1]])]
     r1, r2 = args.rounds
     per = {t: [] for t in trees}
