@@ -161,6 +161,8 @@ def make_partition(name: str, labels, num_clients: int, options, seed: int, data
 
 def class_counts(labels, parts, num_classes: int) -> np.ndarray:
     """(clients, classes) int64 matrix of label counts per client."""
+    if isinstance(parts, _p.Groups):
+        return class_counts_flat(labels, parts.flat, parts.sizes, num_classes)
     sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     index = np.concatenate(parts, dtype=np.int64) if len(parts) else np.zeros(0, dtype=np.int64)
     return class_counts_flat(labels, index, sizes, num_classes)
@@ -183,5 +185,5 @@ def class_counts_flat(labels, index: np.ndarray, sizes: np.ndarray, num_classes:
 
 __all__ = [
     "DATASETS", "PARTITIONS", "Dataset", "DatasetSpec", "PartitionSpec", "class_counts", "class_counts_flat",
-    "dataset_options", "load_dataset", "load_labels", "uses_cache", "make_partition", "partition_options",
+    "dataset_options", "load_dataset", "load_labels", "make_partition", "partition_options", "uses_cache",
 ]
