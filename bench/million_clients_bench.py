@@ -10,7 +10,9 @@ kernel's compile time is another matter, docs/performance.md). Each source tree 
 default: this one) runs the job twice with a fresh dataset cache: a miss (the data generated and
 cached) then a hit (mapped). Prints per run the start-up ``hpcfl run`` reports (everything before
 round 1: imports, data, partition, class counts, model), and the steady seconds per round with
-its decide phase, from the run's closing summary. Not a test: the figures depend on the machine.
+its decide phase, from the run's closing summary; then the CPU seconds of the imports and of
+``simulation.prepare`` on a cache hit, in a fresh process, which a loaded machine inflates much
+less than wall time. Not a test: the figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -64,6 +66,32 @@ def run(tree: Path, job: Path, out: Path, cache: Path) -> dict:
     return {"startup": startup, "round_ms": float(m.group(1)) * 1e3, "decide_ms": float(m.group(2)) * 1e3}
 
 
+CPU = """
+import sys, time
+t0 = time.process_time()
+from mpi4py import MPI
+from hpcfl import config
+from hpcfl.engine import simulation
+t1 = time.process_time()
+cfg = config.load(sys.argv[1], [])
+s = simulation.prepare(cfg, MPI.COMM_SELF)
+t2 = time.process_time()
+print(f"@@ {t1 - t0:.2f} {t2 - t1:.2f}")
+"""
+
+
+def cpu(tree: Path, job: Path, cache: Path) -> tuple[float, float]:
+    """CPU seconds of (imports, ``simulation.prepare``) in a fresh process: what start-up costs on
+    an idle core, much less sensitive to a loaded machine than wall time."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "HPCFL_CACHE_DIR": str(cache)}
+    p = subprocess.run([sys.executable, "-c", CPU, str(job)], cwd=tree, env=env, capture_output=True, text=True,
+                       check=False)
+    if p.returncode != 0:
+        raise SystemExit(f"{tree}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+    imports, prepare = re.search(r"@@ ([0-9.]+) ([0-9.]+)", p.stdout).groups()
+    return float(imports), float(prepare)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", type=Path, help="a source tree to time (repeatable)")
@@ -82,6 +110,9 @@ def main() -> None:
                 r = run(tree, job, Path(d) / f"out{i}-{what[-4:].strip()}", cache)
                 print(f"  {tree!s:<24} {what:<10} start-up {r['startup']:5.1f} s, {r['round_ms']:6.1f} ms/round "
                       f"(decide {r['decide_ms']:.2f} ms)")
+            imports, prepare = cpu(tree, job, cache)   # the cache is warm now
+            print(f"  {tree!s:<24} {'CPU time':<10} imports {imports:.2f} s + prepare (cache hit) {prepare:.2f} s "
+                  f"= start-up {imports + prepare:.2f} s of one core")
 
 
 if __name__ == "__main__":
