@@ -66,6 +66,19 @@ class Sampler:
             raise ValueError(f"unknown sampling scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
         self.static = np.asarray(static_weights, dtype=np.float64)
         self.normalize = self.scheme != "unbiased"
+        self._total = self.static.sum()   # once: no round does O(N) work
+
+    def _cdf(self) -> np.ndarray:
+        """(N,) the sampling probabilities' normalised cumulative sum, computed once: drawing q
+        clients is then O(q log N) a round, not O(N). It is what ``Generator.choice(n, q,
+        replace=True, p=static / static.sum())`` computes in every call, and the draws that
+        follow (``random(q)``, a right-sided search) are choice's too: the same cohorts, bitwise
+        (tests/unit/test_sampling.py checks against choice itself)."""
+        if getattr(self, "_cdf_cache", None) is None:
+            cdf = (self.static / self.static.sum()).cumsum()
+            cdf /= cdf[-1]
+            self._cdf_cache = cdf
+        return self._cdf_cache
 
     def cohort(self, rnd: int) -> tuple[np.ndarray, np.ndarray | None]:
         """(sorted cohort ids, draw counts or None); ids are unique except under
@@ -75,7 +88,7 @@ class Sampler:
             # Both schemes take the same draws from the same key: they differ only in how a
             # repeated client is trained, so a job can switch between them and keep its cohorts.
             gen = rng.numpy_rng(self.seed, rng.COHORT, rnd)
-            draws = gen.choice(n, size=self.q, replace=True, p=self.static / self.static.sum())
+            draws = self._cdf().searchsorted(gen.random(self.q), side="right").astype(np.int64)
             if self.scheme == "with_replacement":
                 return np.sort(draws).astype(np.int64), None
             cohort, counts = np.unique(draws, return_counts=True)
@@ -89,5 +102,5 @@ class Sampler:
         if self.scheme == "with_replacement":
             return np.full(len(cohort), 1.0 / self.q)
         if self.scheme == "unbiased":
-            return self.static[cohort] / self.static.sum() * len(self.static) / self.q
+            return self.static[cohort] / self._total * len(self.static) / self.q
         return policy_weights

@@ -52,7 +52,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
     from .. import config
     from ..config import notices
     from ..engine import resume
-    from ..io import results
+    from ..io import results, resume_check
     from ..io.checkpoint import CheckpointStore
 
     ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
@@ -101,6 +101,8 @@ def plan_run(cfg, out: Path, args) -> Plan:
     notes = said + [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
     if loaded is not None:
         resume.check_job(loaded, cfg)   # a checkpoint of another job is never resumed from
+        # results.h5, the checkpoint and run.rounds agree on the rounds, or nothing is resumed (exit 2)
+        resume_check.check(path, loaded.path, loaded.round, cfg.run.rounds, resume_check.job_rounds_of(loaded))
     if loaded is None:
         return Plan("fresh", run_id, ckpt_dir, notes=notes + [f"no valid checkpoint in {ckpt_dir}; starting at "
                                                               f"round 1"])
@@ -196,6 +198,22 @@ def closing_lines(fair: list, command_s: float) -> list[str]:
     return lines
 
 
+def batching(flush_seconds: float) -> dict:
+    """How rank 0 buffers rounds before writing them to results.h5 (``results.flush_seconds``; 0:
+    every round): at most that many seconds, and a bounded number of client rows (about 40 MB)."""
+    return {"batch_rounds": 1 if flush_seconds <= 0 else 1 << 30, "batch_seconds": float(flush_seconds),
+            "batch_rows": 1 << 18}
+
+
+def _close(writer) -> None:
+    """Rank 0: write the buffered rounds and close results.h5; a write that fails (disk full) is
+    reported, and the run's exit code stays its own (those rounds follow the newest checkpoint)."""
+    try:
+        writer.close()
+    except HpcflError as exc:
+        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+
+
 def cmd_run(args, comm) -> int:
     """``hpcfl run``. Every path that returns (finished, nothing to do, diverged, an operation
     without a deterministic kernel) releases the ``--out`` lock planning took, so that a caller in
@@ -281,7 +299,8 @@ def _run(args, comm) -> int:
         try:
             writer = ResultsWriter(out / "results.h5", attrs, counts, resume_at=start if mode == "resume" else None,
                                    metric_fields=setup.algo.round_fields, client_fields=setup.algo.client_fields,
-                                   client_eval=setup.client_eval is not None)
+                                   client_eval=setup.client_eval is not None,
+                                   **batching(cfg.results.flush_seconds))
             history = metric_rows(out / "results.h5") if mode == "resume" else []
         except HpcflError as exc:   # a full disk, or a results file damaged since planning
             err = exc
@@ -334,6 +353,7 @@ def _run(args, comm) -> int:
         failure = None
         if comm.rank == 0:
             try:
+                writer.sync()   # results.h5 on disk first: never behind the checkpoint (docs/reliability.md)
                 store.save(done, arrays, meta={"sim_time": sim_now, "config": cfg.to_json()},
                            manifest={"world_size": comm.size, "config_sha256": cfg.digest(), "versions": versions()})
             except HpcflError as exc:
@@ -346,7 +366,7 @@ def _run(args, comm) -> int:
         if failure:
             if comm.rank == 0:
                 print(f"hpcfl: {failure[0]}", file=sys.stderr, flush=True)
-                writer.close()
+                writer.close_after_failure()
             exit_all(failure[1])
 
     control = RunControl(comm, cfg.guard, Limits.of(cfg.watchdog, comm.size), cfg.checkpoint.every_minutes,
@@ -357,7 +377,7 @@ def _run(args, comm) -> int:
     except simulation.Diverged as exc:
         if comm.rank == 0:
             final_write(writer.mark_diverged, exc.round)
-            writer.close()
+            _close(writer)
             progress.close()
             print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
             print(summary_table(history, time.perf_counter() - t_start, out / "results.h5", _columns()), flush=True)
@@ -365,7 +385,7 @@ def _run(args, comm) -> int:
         return EXIT_DIVERGED
     except NondeterministicOp as exc:   # raised where the operation ran: perhaps on some ranks only
         if comm.rank == 0:
-            writer.close()
+            _close(writer)
         print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
         if comm.size > 1:
             comm.Abort(EXIT_INPUT)      # the other ranks may wait in a collective: end them all
@@ -374,7 +394,7 @@ def _run(args, comm) -> int:
     except (simulation.Stopped, simulation.GuardStop) as exc:
         resumable = isinstance(exc, simulation.Stopped)
         if comm.rank == 0:
-            writer.close()
+            _close(writer)
             progress.close()
             what = "resumable: run the same command again to continue" if resumable else "stopped by the guard"
             print(f"hpcfl: {exc} ({what})", file=sys.stderr, flush=True)
@@ -383,7 +403,7 @@ def _run(args, comm) -> int:
     if comm.rank == 0:
         final_write(writer.write_final, x, setup.model.names, setup.model.shapes, setup.dataset.input_shape,
                     setup.dataset.num_classes)
-        writer.close()
+        _close(writer)
         progress.close()
     signals.ignore()   # finished: a stop signal from here on changes nothing
     if comm.rank == 0:

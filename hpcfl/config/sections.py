@@ -273,6 +273,9 @@ class WatchdogSection:
 class ResultsSection:
     locking: bool = field(default=True, metadata={
         "help": "HDF5 file locking; false on filesystems without it (sets HDF5_USE_FILE_LOCKING=FALSE)"})
+    flush_seconds: float = field(default=2.0, metadata={"ge": 0, "help":
+        "rank 0 buffers rounds and writes them to results.h5 at most this many seconds apart (and before "
+        "every checkpoint), off the rounds' critical path; 0 writes every round"})
 
 
 def defaults() -> dict:

@@ -111,6 +111,11 @@ def load_dataset(name: str, options, root: str | None, seed: int, cache: str = "
     return _cache.load_or_make(root_dir, name, opts, int(seed), lambda: spec.load(opts, root, int(seed)))
 
 
+def uses_cache(name: str, cache: str) -> bool:
+    """Whether :func:`load_dataset` of ``name`` with ``data.cache = cache`` goes through the dataset cache."""
+    return bool(_lookup(DATASETS, name, "data.dataset").cache) and cache_root(cache) is not None
+
+
 def load_labels(name: str, options, root: str | None, seed: int) -> Dataset:
     """A Dataset with the true training labels (and natural clients) for previews.
 
@@ -151,18 +156,28 @@ def make_partition(name: str, labels, num_clients: int, options, seed: int, data
     parts = spec.fn(y, k, opts, int(seed), dataset)
     if len(parts) != k:  # a bug, not a user error
         raise AssertionError(f"partition {name} returned {len(parts)} clients, expected {k}")
+    if isinstance(parts, _p.Groups):   # int64 views of one array already (and that array, for start-up)
+        return parts
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
 def class_counts(labels, parts, num_classes: int) -> np.ndarray:
     """(clients, classes) int64 matrix of label counts per client."""
+    if isinstance(parts, _p.Groups):
+        return class_counts_flat(labels, parts.flat, parts.sizes, num_classes)
+    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    index = np.concatenate(parts, dtype=np.int64) if len(parts) else np.zeros(0, dtype=np.int64)
+    return class_counts_flat(labels, index, sizes, num_classes)
+
+
+def class_counts_flat(labels, index: np.ndarray, sizes: np.ndarray, num_classes: int) -> np.ndarray:
+    """:func:`class_counts` from every client's indices concatenated in id order, ``index`` (sum of
+    ``sizes``,), and ``sizes`` (clients,): no loop over clients (1M clients: a tenth of a second)."""
     y = np.asarray(labels, dtype=np.int64)
-    k = len(parts)
-    sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=k)
-    if sizes.sum() == 0:
+    k = len(sizes)
+    if int(np.sum(sizes)) == 0:
         return np.zeros((k, num_classes), dtype=np.int64)
-    idx = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
-    lab = y[idx]
+    lab = y[np.asarray(index, dtype=np.int64)]
     if lab.min() < 0 or lab.max() >= num_classes:
         raise DataError(f"labels must lie in 0..{num_classes - 1}, found {int(lab.min())}..{int(lab.max())}")
     owner = np.repeat(np.arange(k, dtype=np.int64), sizes)
@@ -171,6 +186,6 @@ def class_counts(labels, parts, num_classes: int) -> np.ndarray:
 
 
 __all__ = [
-    "DATASETS", "PARTITIONS", "Dataset", "DatasetSpec", "PartitionSpec", "class_counts",
-    "dataset_options", "load_dataset", "load_labels", "make_partition", "partition_options",
+    "DATASETS", "PARTITIONS", "Dataset", "DatasetSpec", "PartitionSpec", "class_counts", "class_counts_flat",
+    "dataset_options", "load_dataset", "load_labels", "make_partition", "partition_options", "uses_cache",
 ]

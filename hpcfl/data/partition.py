@@ -12,6 +12,7 @@ The label-based recipes (label_k, shards, biased_unbiased, nonbalance, pareto) l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,13 +23,53 @@ from ..errors import ConfigError
 # ------------------------------------------------------------------------ helpers
 
 
-def groups_from_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
-    """Per-client sorted index arrays from ``owner[i]`` = client of sample i (-1: unused)."""
+class Groups(Sequence):
+    """A partition: per-client index arrays, sliced on demand from one concatenated array.
+
+    ``flat`` (sum of sizes,) int64 holds every client's indices in id order and ``sizes``
+    (clients,) their counts; ``groups[i]`` is a view of ``flat``, as ``np.split``'s pieces were.
+    Nothing is built per client until asked for: a million clients cost no million small
+    objects at start-up, and :func:`hpcfl.engine.simulation.prepare` reads ``flat`` directly.
+    """
+
+    def __init__(self, flat: np.ndarray, sizes: np.ndarray):
+        self.flat, self.sizes = flat, sizes
+        self._ends = np.cumsum(sizes)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]   # negative indices; IndexError past the end
+        end = int(self._ends[i])
+        return self.flat[end - int(self.sizes[i]) : end]
+
+    def __iter__(self):
+        ends = self._ends.tolist()
+        return (self.flat[a:b] for a, b in zip([0] + ends[:-1], ends))
+
+
+def groups_from_owner(owner: np.ndarray, num_clients: int) -> Groups:
+    """Per-client sorted index arrays from ``owner[i]`` = client of sample i (-1: unused).
+
+    Linear apart from one sort of n int64 keys (client + 1) * n + i, unique, so any sort is
+    the stable one: 1M clients of 2 samples each take well under a second, where an argsort
+    and ``np.split`` took 3.5 s. The pieces are views of one array (:class:`Groups`), as
+    ``np.split``'s were.
+    """
     owner = np.asarray(owner, dtype=np.int64)
-    order = np.argsort(owner, kind="stable")  # stable: ascending indices within a client
+    n = len(owner)
     counts = np.bincount(owner[owner >= 0], minlength=num_clients)
-    order = order[len(owner) - int(counts.sum()) :]  # drop the -1 block at the front
-    return np.split(order, np.cumsum(counts)[:-1])
+    if n and (num_clients + 1) * n < 2**62:
+        key = (owner + 1) * n + np.arange(n, dtype=np.int64)
+        key.sort()
+        order = key % n
+    else:   # keys would overflow: the stable argsort gives the same order
+        order = np.argsort(owner, kind="stable")
+    order = order[n - int(counts.sum()) :]  # drop the -1 block at the front
+    return Groups(order, counts.astype(np.int64))
 
 
 def num_classes_of(labels: np.ndarray, dataset) -> int:

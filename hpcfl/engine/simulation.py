@@ -39,6 +39,7 @@ from ..parallel.runtime import (NondeterministicOp, all_finite, bcast_model, con
                                 sums_device, sync, to_host)
 from ..params import FlatModel
 from .control import RunControl
+from .dataload import load_per_node
 from .evaluation import evaluate, train_eval_set
 from .records import REJECTED, round_records
 
@@ -71,6 +72,7 @@ class Setup:
     placement: object = None    # hpcfl.parallel.gpus.Placement: host, node-local rank, device
     acc: object = None          # the round's sum (hpcfl.parallel.gridsum.GridSum or comm.FloatSum), see accumulator()
     client_eval: object = None  # hpcfl.engine.evaluation.ClientEval when run.eval_clients applies (a classifier)
+    home: np.ndarray = None     # ids of this rank's own clients, ascending (found once: a round never scans all N)
 
 
 def prepare(cfg, comm) -> Setup:
@@ -83,13 +85,14 @@ def prepare(cfg, comm) -> Setup:
     device, local_size = placement.device, placement.local_size
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
 
-    ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
+    ds = load_per_node(cfg, comm)   # generated once per node on a cache miss
     parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients, cfg.partition_options,
                                 cfg.run.seed, ds)
     if len(parts) != cfg.data.num_clients:
         raise ConfigError(f"data.num_clients = {cfg.data.num_clients} but the partition made {len(parts)} clients; "
                           f"set data.num_clients = {len(parts)}")
-    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    flat = getattr(parts, "flat", None)   # most partitions come concatenated too (data.partition.Groups)
+    sizes = parts.sizes if flat is not None else np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     empty = np.flatnonzero(sizes == 0)
     if empty.size:
         raise ConfigError(f"{empty.size} clients got no training samples (first: client {empty[0]}); "
@@ -104,7 +107,7 @@ def prepare(cfg, comm) -> Setup:
     slot[mine] = np.arange(mine.size)
     # Every client's indices (8 bytes per training sample) on every rank, so that any rank can train any client.
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    index = np.concatenate(parts).astype(np.int64)
+    index = flat if flat is not None else np.concatenate(parts, dtype=np.int64)   # class counts read it too
 
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
@@ -130,7 +133,7 @@ def prepare(cfg, comm) -> Setup:
         up, down = algo.transfer()          # the policies' extra floats each way (SCAFFOLD: Delta c, c)
         system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
                              download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
-    counts = data.class_counts(ds.y_train, parts, ds.num_classes)
+    counts = data.class_counts_flat(ds.y_train, index, sizes, ds.num_classes)
     client_eval = None
     if cfg.run.eval_clients and getattr(module, "loss", None) is None:   # a classifier: per-sample hits and losses
         from ..data.client_test import client_test_sets
@@ -140,7 +143,7 @@ def prepare(cfg, comm) -> Setup:
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
                  torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block,
-                 placement=placement, client_eval=client_eval)
+                 placement=placement, client_eval=client_eval, home=mine)
 
 
 def accumulator(s: Setup):
@@ -204,8 +207,15 @@ def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> Rou
     mine = np.flatnonzero(s.owner[cohort] == s.comm.rank)
     log = (lambda msg: print(f"hpcfl: round {rnd + 1}: {msg}", flush=True)) if s.comm.rank == 0 else (lambda msg: None)
     return RoundContext(rnd, s.cfg.run.rounds, s.cfg.run.seed, cohort, s.sizes[cohort], s.sizes, s.class_counts,
-                        lr, mine, s.slot[cohort], collective, np.flatnonzero(s.owner == s.comm.rank),
+                        lr, mine, s.slot[cohort], collective, _home(s),
                         LocalClients(s, rnd, cohort), draws, log=log)
+
+
+def _home(s: Setup) -> np.ndarray:
+    """This rank's own clients (a Setup built by hand may lack them: found then, once)."""
+    if s.home is None:
+        s.home = np.flatnonzero(s.owner == s.comm.rank)
+    return s.home
 
 
 def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.ndarray | None = None,

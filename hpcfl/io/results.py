@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import h5py
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..errors import HpcflError
 from ..state import Field
-from . import h5check, reader, safefs
+from . import client_summary, h5check, reader, safefs
 from .h5check import BadFile
 from .reader import Results, diverged_round, load, metric_rows, status  # noqa: F401
 from .schema import (CHUNK, CLIENT_EVAL, CLIENT_FIELDS, F64, I64, METRICS, SCHEMA_VERSION,  # noqa: F401
@@ -59,8 +60,6 @@ def _append(ds: h5py.Dataset, values) -> None:
 
 def _segments(f: h5py.File, rows: list[dict], attrs: dict, start_round: int) -> None:
     """Create ``/segments`` holding ``rows`` plus this start (from ``attrs``) at ``start_round``."""
-    import time
-
     now = {"start_round": start_round, "world_size": attrs.get("world_size", 0),
            "devices": json.dumps(attrs.get("devices", [])), "versions": json.dumps(attrs.get("versions", {})),
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -102,13 +101,19 @@ class ResultsWriter:
         Records the policies declare, appended to :data:`METRICS` and :data:`CLIENT_FIELDS`.
     client_eval : bool
         Keep ``/client_eval`` (per-client evaluation, :meth:`append_client_eval`).
+    batch_rounds, batch_seconds, batch_rows : int, float, int
+        Rounds are buffered and written together once this many rounds, seconds or client rows have
+        gathered (see :meth:`append_round`); the defaults write every round at once.
     """
 
     @h5check.quiet
     def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
-                 metric_fields: dict | None = None, client_fields: dict | None = None, client_eval: bool = False):
+                 metric_fields: dict | None = None, client_fields: dict | None = None, client_eval: bool = False,
+                 batch_rounds: int = 1, batch_seconds: float = 0.0, batch_rows: int = 1 << 20):
         self.path = Path(path)
         self.client_eval = client_eval
+        self.batch_rounds, self.batch_seconds, self.batch_rows = max(1, int(batch_rounds)), batch_seconds, batch_rows
+        self._pending, self._pending_rows, self._written_at = [], 0, time.monotonic()
         self._final = self.path.with_name(self.path.name + ".final")   # see _normal_mode
         self.metrics = {**METRICS, **(metric_fields or {})}
         self.client_fields = {**CLIENT_FIELDS, **(client_fields or {})}
@@ -233,29 +238,66 @@ class ResultsWriter:
         new.attrs["status"] = "running"
         new.attrs["resumed_at_round"] = rounds_done
 
-    @h5check.quiet
     def append_round(self, metrics: dict, clients: dict) -> None:
-        """Append one round: ``metrics`` has a scalar per metric field, ``clients`` an array per client field."""
+        """Add one round: ``metrics`` has a scalar per metric field, ``clients`` an array per client field.
+
+        The round is kept in memory and written with the others buffered since the last write once
+        ``batch_rounds`` rounds, ``batch_rows`` client rows or ``batch_seconds`` seconds have gathered
+        (and always by :meth:`sync`, :meth:`write_final`, :meth:`mark_diverged` and :meth:`close`): one
+        resize and one write per dataset for the lot, instead of 33 resizes and a flush in every round
+        while the other ranks wait at the round's end. A crash loses the buffered rounds only, and they
+        come after the newest checkpoint (the run syncs the file before each one), so the resumed run
+        writes them again anyway (docs/reliability.md).
+        """
         missing = (set(self.metrics) - set(metrics)) | (set(self.client_fields) - set(clients))
         if missing:
             raise KeyError(f"round records missing {sorted(missing)}")
+        # copies in the file's dtypes: the caller may reuse its arrays for the next round
+        self._pending.append(({name: metrics[name] for name in self.metrics},
+                              {name: np.array(clients[name], dtype=f.dtype).reshape(-1)
+                               for name, f in self.client_fields.items()}))
+        self._pending_rows += len(clients["client"])
+        if (len(self._pending) >= self.batch_rounds or self._pending_rows >= self.batch_rows
+                or time.monotonic() - self._written_at >= self.batch_seconds):
+            self.write_pending()
+
+    @h5check.quiet
+    def write_pending(self) -> None:
+        """Write the buffered rounds (if any) and flush, so that SWMR readers see them."""
+        self._written_at = time.monotonic()
+        if not self._pending:
+            return
+        pending, self._pending, k = self._pending, [], self._pending_rows
+        self._pending_rows = 0
+        first, last = pending[0][0]["round"], pending[-1][0]["round"]
+        what = f"round {first}" if len(pending) == 1 else f"rounds {first}-{last}"
         # HDF5 that meets a full disk mid-write can crash the process later (SIGSEGV in its exit
-        # handler), so the space the round takes, new chunks where a column crosses one, is checked first.
+        # handler), so the space the rounds take, new chunks where a column crosses one, is checked first.
         need = 64 << 10   # metadata, with room to spare
-        for group, fields, k in (("metrics", self.metrics, 1), ("clients", self.client_fields, len(clients["client"]))):
+        for group, fields, rows in (("metrics", self.metrics, len(pending)), ("clients", self.client_fields, k)):
             n = self.file[group]["round"].shape[0]
-            chunks = -(-(n + k) // CHUNK) - -(-n // CHUNK)
+            chunks = -(-(n + rows) // CHUNK) - -(-n // CHUNK)
             need += chunks * CHUNK * sum(np.dtype(f.dtype).itemsize for f in fields.values())
-        safefs.need_space(self.path, need, f"round {metrics['round']}", _FULL_FIX)
+        safefs.need_space(self.path, need, what, _FULL_FIX)
         try:
             for name in self.metrics:
-                _append(self.file["metrics"][name], [metrics[name]])
+                _append(self.file["metrics"][name], [m[name] for m, _ in pending])
             for name in self.client_fields:
-                _append(self.file["clients"][name], clients[name])
+                _append(self.file["clients"][name], np.concatenate([c[name] for _, c in pending]))
             self.file.flush()
         except (OSError, RuntimeError) as exc:   # HDF5 reports some write failures as RuntimeError
-            need = 8 * (len(self.metrics) + len(self.client_fields) * len(clients["client"]))
-            raise self._error(f"round {metrics['round']}", self.path, exc, need) from None
+            need = 8 * (len(self.metrics) * len(pending) + len(self.client_fields) * k)
+            raise self._error(what, self.path, exc, need) from None
+
+    @h5check.quiet
+    def sync(self) -> None:
+        """Write the buffered rounds, flush and fsync: call before a checkpoint is written, so that
+        results.h5 on disk is never behind the newest checkpoint (a node crash keeps both)."""
+        self.write_pending()
+        try:
+            os.fsync(self.file.id.get_vfd_handle())
+        except OSError as exc:
+            raise self._error("the rounds before the checkpoint", self.path, exc, 0) from None
 
     @h5check.quiet
     def append_client_eval(self, round_: int, accuracy: np.ndarray, loss: np.ndarray, samples: np.ndarray) -> None:
@@ -266,9 +308,8 @@ class ResultsWriter:
                 "samples": samples}
         safefs.need_space(self.path, (64 << 10) + 40 * max(n, CHUNK), f"round {round_}", _FULL_FIX)
         try:
-            for name in CLIENT_EVAL:
+            for name in CLIENT_EVAL:   # flushed with the rounds' batch (write_pending, sync before a checkpoint)
                 _append(self.file["client_eval"][name], rows[name])
-            self.file.flush()
         except (OSError, RuntimeError) as exc:
             raise self._error(f"round {round_}", self.path, exc, 40 * n) from None
 
@@ -276,6 +317,7 @@ class ResultsWriter:
                     input_shape: tuple | None = None, num_classes: int | None = None) -> None:
         """The final model (in its own dtype) and what rebuilds it: one sample's shape, classes."""
         params = np.asarray(params)
+        self.write_pending()
 
         def write():
             g = self.file.require_group("final")
@@ -296,6 +338,8 @@ class ResultsWriter:
     def mark_diverged(self, round_: int) -> None:
         """The run ended because round ``round_`` (from 1) made the model NaN or Inf: say so
         in the file (status "diverged", ``diverged``, ``diverged_round``); the rounds before stay."""
+        self.write_pending()
+
         def write():
             self.file.attrs["status"] = "diverged"
             self.file.attrs["diverged"] = True
@@ -350,12 +394,7 @@ class ResultsWriter:
         for name, f in self.client_fields.items():
             if f.summary is None:
                 continue
-            values = self.file[f"clients/{name}"][()].astype(np.float64)
-            out = np.full(n, np.nan)
-            for c in np.unique(ids):
-                v = values[ids == c]
-                if np.isfinite(v).any():
-                    out[c] = SUMMARIES[f.summary](v)
+            out = client_summary.per_client(ids, self.file[f"clients/{name}"][()], n, f.summary)   # linear in rows
             ds = self.file.require_group("clients_summary").create_dataset(f"{name}_{f.summary}", data=out)
             ds.attrs["unit"] = f.unit
             ds.attrs["description"] = f"{f.summary} over rounds of: {f.description}"
@@ -375,13 +414,20 @@ class ResultsWriter:
     @h5check.quiet
     def close_after_failure(self) -> None:
         """Close after a failed write; HDF5 may fail to close such a file cleanly (it is then left as
-        a killed run's SWMR file: every flushed round reads back)."""
+        a killed run's SWMR file: every flushed round reads back). Buffered rounds are dropped."""
+        self._pending, self._pending_rows = [], 0
         self._abandon(None)
 
     @h5check.quiet
     def close(self) -> None:
-        """Close the file; if HDF5 cannot (a full disk), close it as after a failed write."""
+        """Write the buffered rounds and close the file; if HDF5 cannot (a full disk), close it as after
+        a failed write (the rounds not written come after the newest checkpoint) and raise the error."""
         if self.file is not None:
+            try:
+                self.write_pending()
+            except HpcflError:
+                self.close_after_failure()
+                raise
             try:
                 self.file.close()
             except (OSError, RuntimeError):

@@ -76,8 +76,10 @@ def test_sigkill_in_each_phase_then_resume_on_other_rank_count(ref, tmp_path, ph
     jobfile, out = job(tmp_path), tmp_path / "out"
     p = hpcfl("run", jobfile, "--out", str(out), env={"HPCFL_FAULT": f"0:{phase}:{rnd}:kill"})
     assert p.returncode == -signal.SIGKILL
-    with h5py.File(out / "results.h5", "r", swmr=True) as f:   # flushed rows survive the kill
-        assert f["metrics/round"].shape[0] == rnd + (phase == "checkpoint")   # checkpoints follow the row
+    newest = max(int(p.stem.split("-")[1]) for p in (out / "checkpoints").glob("ckpt-*.h5"))
+    with h5py.File(out / "results.h5", "r", swmr=True) as f:   # written rows survive the kill
+        # rounds are buffered (results.flush_seconds), but synced before each checkpoint: never behind it
+        assert newest <= f["metrics/round"].shape[0] <= rnd + (phase == "checkpoint")
     finish(jobfile, out, ranks=2)
     assert_same_run(ref / "out", out)
 

@@ -83,3 +83,21 @@ def test_alias_runs_bitwise_and_merged_trains_a_repeat_once():
         assert np.allclose(merged["weight"], counts / 5, rtol=0, atol=1e-15)
         repeats += int((counts > 1).sum())
     assert repeats > 0
+
+
+@pytest.mark.parametrize("scheme", ["with_replacement", "with_replacement_merged"])
+def test_with_replacement_draws_are_numpys_choice_from_a_cdf_computed_once(scheme):
+    """The cohort draws reuse one cumulative sum instead of Generator.choice(p=...) recomputing it
+    over all N clients in every round: the draws must stay choice's own, bitwise."""
+    from hpcfl import rng
+
+    w = np.random.default_rng(3).random(5000) + 0.01
+    s = Sampler(scheme, 37, 11, w)
+    for rnd in range(25):
+        want = rng.numpy_rng(11, rng.COHORT, rnd).choice(5000, size=37, replace=True, p=w / w.sum())
+        cohort, draws = s.cohort(rnd)
+        if scheme == "with_replacement":
+            assert cohort.tolist() == sorted(want.tolist())
+        else:
+            ids, counts = np.unique(want, return_counts=True)
+            assert cohort.tolist() == ids.tolist() and draws.tolist() == counts.tolist()
