@@ -91,7 +91,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
             f"start over, e.g. with a lower algorithm.lr)"])
     if store is None:
         return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting at round 1"])
-    loaded = store.load_latest()
+    loaded = store.load_latest(keep_arrays=False)   # verified a block at a time; read on resume
     notes = said + [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
     if loaded is not None:
         resume.check_job(loaded, cfg)   # a checkpoint of another job is never resumed from
@@ -102,6 +102,20 @@ def plan_run(cfg, out: Path, args) -> Plan:
         return Plan("done", run_id, ckpt_dir, loaded, notes)
     return Plan("resume", run_id, ckpt_dir, loaded, notes + [f"resuming from {loaded.path.name} (written "
                                                              f"after round {loaded.round})"])
+
+
+def _settle(cfg, setup, plan: Plan) -> None:
+    """Rank 0, once the job is set up: resume from the newest checkpoint whose arrays fit it
+    (:func:`hpcfl.engine.resume.settle`); says which one and why others were passed over."""
+    from ..engine import resume
+    from ..io.checkpoint import CheckpointStore
+
+    chosen, warnings = resume.settle(setup, CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep), plan.loaded,
+                                     cfg)
+    if chosen is not plan.loaded:
+        plan.notes = [n for n in plan.notes if not n.startswith("resuming from ")] + warnings + [
+            f"resuming from {chosen.path.name} (written after round {chosen.round})"]
+        plan.loaded = chosen
 
 
 def _commit(cfg, out: Path, plan: Plan):
@@ -162,6 +176,8 @@ def _run(args, comm) -> int:
         if comm.rank == 0:
             plan = plan_run(cfg, out, args)
         setup = simulation.prepare(cfg, comm)
+        if comm.rank == 0 and plan.mode == "resume":   # a checkpoint that does not fit the job: an older one
+            _settle(cfg, setup, plan)
     except HpcflError as exc:
         err = exc
     agree(comm, err)
@@ -190,7 +206,7 @@ def _run(args, comm) -> int:
         return 0
 
     sim_time = comm.bcast(loaded.meta.get("sim_time", 0.0) if loaded else 0.0, root=0)
-    x = resume.restore(setup, loaded.arrays if loaded else None) if mode == "resume" else None
+    x = resume.read(setup, loaded) if mode == "resume" else None
     devices = comm.gather(str(setup.device), root=0)
     writer = progress = None
     history: list[dict] = []
@@ -231,18 +247,13 @@ def _run(args, comm) -> int:
 
     def checkpoint(done, x_now, sim_now):
         nonlocal aside
-        arrays = resume.capture(setup, x_now)
-        failure = None
-        if comm.rank == 0:
-            try:
-                store.save(done, arrays, meta={"sim_time": sim_now, "config": cfg.to_json()},
-                           manifest={"world_size": comm.size, "config_sha256": cfg.digest(), "versions": versions()})
-            except HpcflError as exc:
-                failure = str(exc)
-            if failure is None and aside is not None:   # the new run can now resume on its own
-                shutil.rmtree(aside, ignore_errors=True)
-                print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)
-                aside = None
+        failure = resume.write(setup, x_now, store, done, meta={"sim_time": sim_now, "config": cfg.to_json()},
+                               manifest={"world_size": comm.size, "config_sha256": cfg.digest(),
+                                         "versions": versions()})
+        if comm.rank == 0 and failure is None and aside is not None:   # the new run can now resume on its own
+            shutil.rmtree(aside, ignore_errors=True)
+            print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)
+            aside = None
         failure = comm.bcast(failure, root=0)
         if failure:
             if comm.rank == 0:
