@@ -19,8 +19,9 @@ import numpy as np
 
 from .. import config
 from ..errors import HpcflError
+from ..io import ckptblocks
 from ..io.checkpoint import open_loaded
-from ..io.ckptblocks import BLOCK_BYTES, MESSAGE_BYTES, DictArrays, Streamed, row_blocks
+from ..io.ckptblocks import MESSAGE_BYTES, DictArrays, Streamed, row_blocks
 from ..state import ClientTable, ServerArray
 from .simulation import accumulator
 
@@ -85,7 +86,7 @@ def _table_stream(s, table, rows: np.ndarray) -> Streamed:
                     yield lo + r0, lo + r1, rows[a + r0:a + r1]
                     continue
                 if buf is None:   # the one block of memory rank 0 spends on other ranks' rows
-                    per = max(1, BLOCK_BYTES // max(1, width * rows.itemsize))
+                    per = max(1, ckptblocks.BLOCK_BYTES // max(1, width * rows.itemsize))
                     buf = np.empty(min(n, per) * width, dtype=rows.dtype)
                 out = buf[: (r1 - r0) * width].reshape(r1 - r0, width)
                 _recv(comm, out, rank)
@@ -120,7 +121,7 @@ def _rank0_arrays(s, x) -> dict:
 def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict) -> str | None:
     """Collective: checkpoint ``round`` into ``store`` (rank 0's), the rows streamed rank by rank.
 
-    Rank 0 holds its own rows and one block (:data:`hpcfl.io.ckptblocks.BLOCK_BYTES`) of
+    Rank 0 holds its own rows and one block (``hpcfl.io.ckptblocks.BLOCK_BYTES``) of
     another rank's at a time, whatever the number of clients and ranks; no rank's rows travel
     as a pickle. Returns, on rank 0, None or the message of a failed save (older checkpoints
     untouched); None elsewhere.
@@ -258,13 +259,14 @@ def _read(s, source) -> np.ndarray:
             for r0, r1 in row_blocks(hi - lo, width * dtype.itemsize):
                 if comm.rank == 0:
                     rows = source.block(name, lo + r0, lo + r1)
-                    if rank != 0:
-                        _send(comm, rows, rank)
-                        continue
                 else:
                     rows = np.empty((r1 - r0, width), dtype=dtype)
                     _recv(comm, rows, 0)
-                _put(table, a + r0, rows)
+                if rank == comm.rank:
+                    _put(table, a + r0, rows)
+                else:
+                    _send(comm, rows, rank)
+                del rows   # before the next block is read: one block in memory, not two
     return np.array(x, copy=True)
 
 

@@ -29,7 +29,9 @@ Layout::
 ``payload_sha256`` is SHA-256 over the arrays in sorted-name order, hashing for each
 the UTF-8 line ``json.dumps([name, dtype.str, list(shape)]) + "\\n"`` followed by its
 raw C-order bytes: a renamed, retyped or reshaped dataset fails like a flipped bit.
-Files are read through h5py datasets only; nothing is ever unpickled.
+Files are read through h5py datasets only; nothing is ever unpickled. Arrays too large to
+hold twice (per-client tables) are written, hashed, verified and read back a block at a
+time (:mod:`hpcfl.io.ckptblocks`); the hash is the same as over the whole array.
 
 File locking
 ------------
@@ -228,9 +230,10 @@ class CheckpointStore:
         round : int
             Completed rounds (>= 0); names the file.
         arrays : dict of str to np.ndarray
-            Numeric arrays of any shapes; names without ``/``. A :class:`~hpcfl.io.ckptblocks.Streamed`
-        is written a block at a time as its iterator gives them (never whole in memory); a
-        caller whose streams are fed by other processes drains them whatever this raises.
+            Numeric arrays of any shapes; names without ``/``. A
+            :class:`~hpcfl.io.ckptblocks.Streamed` is written and hashed a block at a time as
+            its iterator gives them (never whole in memory); a caller whose streams are fed by
+            other processes drains them whatever this raises.
         meta : dict, optional
             Small JSON-serialisable values (simulated clock, counters).
         manifest : dict

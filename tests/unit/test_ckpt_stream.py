@@ -135,3 +135,34 @@ def test_making_room_for_guests_never_moves_or_copies_the_own_rows():
     ct.put(np.array([1, 2]), np.array([[7.0, 7.0], [8.0, 8.0]]))   # a run of own rows (a resume's block)
     assert hashlib.sha256(ct.get().tobytes()).digest() == hashlib.sha256(
         np.array([[12.0, 13.0], [7.0, 7.0], [8.0, 8.0]]).tobytes()).digest()
+
+
+# ------------------------------------------------------------------- arrays checked against the job
+def test_every_array_a_resume_loads_is_checked_against_the_job():
+    from mpi4py import MPI
+    from runner import job
+
+    from hpcfl import config
+    from hpcfl.engine import resume, simulation
+    from hpcfl.io.ckptblocks import DictArrays
+
+    s = simulation.prepare(config.from_dict(job(**{"algorithm.name": "scaffold", "run.rounds": 1})), MPI.COMM_SELF)
+    arrays = resume.capture(s, s.model.numpy())
+    assert resume.problems(s, DictArrays(arrays).spec) is None
+    P, N = s.model.length, len(s.sizes)
+
+    def why(**change):
+        bad = dict(arrays, **change)
+        return resume.problems(s, DictArrays({k: v for k, v in bad.items() if v is not None}).spec)
+
+    assert why(model=arrays["model"][:-1]) == (f"its 'model' is float32 of shape ({P - 1},), this job's is "
+                                               f"float32 of shape ({P},)")
+    assert why(model=arrays["model"].reshape(1, -1)).startswith("its 'model' is float32 of shape (1, ")
+    assert why(model=arrays["model"].astype(np.float64)).startswith("its 'model' is float64")
+    assert why(model=None) == "it has no array 'model'"
+    grid = arrays["server.exact_grid"]
+    assert why(**{"server.exact_grid": np.append(grid, 0).astype(grid.dtype)}).startswith(
+        f"its 'server.exact_grid' is int16 of shape ({grid.size + 1},)")
+    assert why(**{"clients.scaffold_c_i": arrays["clients.scaffold_c_i"][:-1]}) == (
+        f"its 'clients.scaffold_c_i' is float32 of shape ({N - 1}, {P}), this job's is float32 of shape ({N}, {P})")
+    assert why(**{"server.scaffold_c": None}) == "it has no array 'server.scaffold_c'"
