@@ -29,7 +29,7 @@ def main() -> None:
     model = FlatModel(models.build_model(a.model, cfg.model_options, (3, 32, 32), 10), dev, torch.float32)
     algo = Algorithm(cfg, model.length, model.num_params, a.clients, dev, torch.float32,
                      np.full(a.clients, 100, dtype=np.int64))
-    table = algo.extras[0]._table()          # (clients, P) on the device
+    table = algo.extras[0]._rows.tensor()        # (clients, P) on the device
     table.add_(1.0)                          # touched, as after a round
     acc = make_sum("exact", algo.layout.length, None, dev if dev.type == "cuda" else None)
     acc.reset(a.clients)

@@ -45,11 +45,14 @@ class Segment:
 class ClientTable:
     """Per-client state rows on the owning rank: ``get() -> (clients on rank, width)`` array.
 
-    ``set(rows)`` loads rows (same shape) on restore. ``width`` is per client.
+    ``set(rows)`` loads rows (same shape) on restore. ``width`` is per client. ``get()`` should
+    be a view where it can (a CPU table): a checkpoint streams from it a block at a time.
 
     A table that can follow its client to another rank for a round (balanced placement)
     also gives ``reserve(n)`` (room for n guest rows in slots ``home .. home + n - 1``),
     ``rows(slots) -> (m, width)`` and ``put(slots, rows)``; :class:`RowTable` has all of them.
+    A resume loads a table with ``put`` a block of own rows at a time where it has one, else
+    with one ``set``.
     """
 
     name: str

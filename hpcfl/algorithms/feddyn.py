@@ -40,8 +40,8 @@ class DynLocal(Policy):
         self.num_local, self.num_params, self.device, self.dtype = num_local, num_params, device, dtype
         self._rows = RowTable(num_local, num_params, device, dtype)   # (clients on rank [+ guests], P)
 
-    def _table(self) -> torch.Tensor:
-        return self._rows.tensor()
+    def _table(self) -> RowTable:
+        return self._rows   # table[slot]: own and guest rows alike
 
     def correction(self, slot: int) -> torch.Tensor:
         """-grad_i: the linear term of the local objective."""

@@ -32,9 +32,9 @@ Every rank computes the same decisions because they depend only on keyed randomn
 
 State a policy keeps is declared by :meth:`Policy.state` as :class:`ClientTable` (rows of
 the clients a rank owns) and :class:`ServerArray` (held on rank 0, optionally broadcast
-to every rank after each server step). Checkpoints gather client rows in client-id order
-and scatter them to the owners on resume, so a run resumes bit-exactly on any rank
-count. :meth:`Policy.transfer` says how many extra floats a client sends and receives,
+to every rank after each server step). Checkpoints stream client rows to rank 0 in client-id
+order and send them to their owners on resume, a block at a time, so a run resumes
+bit-exactly on any rank count. :meth:`Policy.transfer` says how many extra floats a client sends and receives,
 for the simulated clock.
 
 Records are declared as :class:`Field` s (dtype, unit, one-line description) and land in
@@ -54,46 +54,90 @@ from ..state import ClientTable, Field, Segment, ServerArray  # noqa: F401
 
 
 class RowTable:
-    """Per-client rows of a policy, (home + guests, width) on the device, zero at start.
+    """Per-client rows of a policy on the device, zero at start: ``table[slot]`` is one row (P,).
 
-    Rows ``0 .. home - 1`` belong to the rank's own clients and are what checkpoints hold;
-    rows after them are guest slots for clients trained here for one round under balanced
-    placement (their rows are fetched from the home rank and sent back, :mod:`hpcfl.engine.placement`).
+    Slots ``0 .. home - 1`` are the rank's own clients, held in one (home, width) tensor
+    (:meth:`tensor`), which is what checkpoints hold; slots from ``home`` on are guest slots for
+    clients trained here for one round under balanced placement (their rows are fetched from the
+    home rank and sent back, :mod:`hpcfl.engine.placement`), held apart in a (guests, width)
+    tensor, so that making room for more guests (:meth:`reserve`) never reallocates or copies
+    the rank's own rows: the first round after a start or a resume costs what any other does.
     """
 
     def __init__(self, home: int, width: int, device, dtype):
         self.home, self.width, self.device, self.dtype = home, width, device, dtype
         self.guests = 0
-        self._t = None   # allocated at first use
+        self._t = None   # own rows, allocated at first use
+        self._g = None   # guest rows
 
     def tensor(self):
+        """The rank's own rows, (home, width)."""
         if self._t is None:
             import torch
 
-            self._t = torch.zeros(self.home + self.guests, self.width, device=self.device, dtype=self.dtype)
+            self._t = torch.zeros(self.home, self.width, device=self.device, dtype=self.dtype)
         return self._t
 
+    def _where(self, slot):
+        slot = int(slot)
+        if slot < self.home:
+            return self.tensor(), slot
+        if slot - self.home >= self.guests:
+            raise IndexError(f"guest slot {slot} beyond the {self.guests} reserved")
+        return self._g, slot - self.home
+
+    def __getitem__(self, slot):
+        t, i = self._where(slot)
+        return t[i]
+
+    def __setitem__(self, slot, value) -> None:
+        t, i = self._where(slot)
+        t[i] = value
+
     def reserve(self, n: int) -> None:
+        """Room for ``n`` guest rows (their contents are set by ``put`` before use)."""
         if n > self.guests:
-            old, self.guests = self._t, n
-            self._t = None
-            if old is not None:
-                self.tensor()[: self.home].copy_(old[: self.home])
+            import torch
+
+            self.guests = n
+            self._g = torch.zeros(n, self.width, device=self.device, dtype=self.dtype)
 
     def client_table(self, name: str) -> ClientTable:
         import torch
 
         def set_home(rows):
-            self.tensor()[: self.home].copy_(torch.from_numpy(np.asarray(rows)))
+            self.tensor().copy_(torch.from_numpy(np.asarray(rows)))
+
+        def split(slots):
+            slots = np.asarray(slots, dtype=np.int64)
+            own = slots < self.home
+            return slots, own
 
         def rows(slots):
-            return self.tensor()[torch.as_tensor(slots, dtype=torch.int64, device=self.device)].cpu().numpy()
+            slots, own = split(slots)
+            out = torch.empty(len(slots), self.width, device=self.device, dtype=self.dtype)
+            if own.any():
+                out[torch.as_tensor(np.flatnonzero(own), device=self.device)] = \
+                    self.tensor()[torch.as_tensor(slots[own], device=self.device)]
+            if (~own).any():
+                out[torch.as_tensor(np.flatnonzero(~own), device=self.device)] = \
+                    self._g[torch.as_tensor(slots[~own] - self.home, device=self.device)]
+            return out.cpu().numpy()
 
         def put(slots, values):
-            idx = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
-            self.tensor()[idx] = torch.from_numpy(np.asarray(values)).to(self.device)
+            slots, own = split(slots)
+            values = torch.from_numpy(np.asarray(values)).to(self.device)
+            if len(slots) and own.all() and np.all(np.diff(slots) == 1):
+                self.tensor()[int(slots[0]):int(slots[-1]) + 1].copy_(values)   # a run of rows (a resume)
+                return
+            if own.any():
+                self.tensor()[torch.as_tensor(slots[own], device=self.device)] = \
+                    values[torch.as_tensor(np.flatnonzero(own), device=self.device)]
+            if (~own).any():
+                self._g[torch.as_tensor(slots[~own] - self.home, device=self.device)] = \
+                    values[torch.as_tensor(np.flatnonzero(~own), device=self.device)]
 
-        return ClientTable(name, self.width, lambda: self.tensor()[: self.home].detach().cpu().numpy(), set_home,
+        return ClientTable(name, self.width, lambda: self.tensor().detach().cpu().numpy(), set_home,
                            self.reserve, rows, put)
 
 

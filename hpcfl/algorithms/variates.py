@@ -26,8 +26,8 @@ class _Variates(Policy):
         self._rows = RowTable(num_local, num_params, device, dtype)   # (clients on rank [+ guests], P)
         self.c = torch.zeros(num_params, device=device, dtype=dtype)
 
-    def _table(self) -> torch.Tensor:
-        return self._rows.tensor()
+    def _table(self) -> RowTable:
+        return self._rows   # table[slot]: own and guest rows alike
 
     def correction(self, slot: int) -> torch.Tensor:
         """c - c_i, added to every local gradient of the client in ``slot``."""

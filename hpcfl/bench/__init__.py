@@ -8,8 +8,11 @@ For each layout (R ranks x T torch threads) it runs, one after the other in this
 the engine and the bare loop (:mod:`hpcfl.bench.bare`) as separate processes (``mpiexec``
 for R > 1), then prints per side: steady seconds per round (mean of rounds 2..R) split by
 phase, SGD steps per second, start-up before round 1, peak memory per rank, and the ratio
-hpcfl / bare of the steady seconds per round (below 1: the engine is faster). Figures
-go to ``--out`` as JSON. Workloads are defined in docs/workloads.md.
+hpcfl / bare of the steady seconds per round (below 1: the engine is faster). After its rounds
+the engine writes one checkpoint of its state and reads it back (in a temporary folder), and
+the line ``checkpoint:`` gives the state's size, the file's, and rank 0's memory and seconds for
+each (docs/performance.md, "Memory"). Figures go to ``--out`` as JSON. Workloads are defined in
+docs/workloads.md.
 
 The bare loop's model has the zoo's architecture and initial weights, written with torch's own
 layers (``--bare-layers torch``): where the zoo has a faster equivalent of torch layers (the
@@ -123,7 +126,7 @@ def summarize(fig: dict) -> dict:
     return {"s_per_round": per_round, "phases": {k: sum(r[k] for r in rows) / n for k in phases},
             "startup_s": fig["startup_s"], "peak_rss_mb": max(fig["peak_rss_mb"]), "total_steps": fig["total_steps"],
             "accuracy": fig["rounds"][-1]["accuracy"], "device": fig.get("device", "cpu"),
-            "vmap": bool(fig.get("vmap") or fig.get("vectorize")),
+            "vmap": bool(fig.get("vmap") or fig.get("vectorize")), "checkpoint": fig.get("checkpoint"),
             "steps_per_s": steps / (per_round * n) if per_round > 0 else float("nan")}
 
 
@@ -159,6 +162,18 @@ def _line(name: str, s: dict) -> str:
     return (f"  {name:<6} {s['s_per_round']:8.3f} s/round ({ph})  {s['steps_per_s']:8.1f} steps/s  "
             f"start-up {s['startup_s']:5.1f} s  peak {s['peak_rss_mb']:7.0f} MB/rank  acc {s['accuracy']:.4f}"
             f"  [{s.get('device', 'cpu')}{', vmapped' if s.get('vmap') else ''}]")
+
+
+def checkpoint_line(c: dict) -> str:
+    """The engine's checkpoint figures (:func:`hpcfl.bench.side.checkpoint_figures`) in one line."""
+    def peak(step):
+        if c.get(f"peak_{step}_mb") is None:
+            return "peak unknown"
+        return f"peak {c[f'peak_{step}_mb']:.0f} MB (+{c[f'peak_{step}_mb'] - c[f'rss_{step}_mb']:.0f})"
+
+    return (f"  checkpoint: state {c['state_mb']:.1f} MB ({c['rows_mb']:.1f} MB of per-client rows), file "
+            f"{c['file_mb']:.1f} MB; rank 0 from {c['rss_save_mb']:.0f} MB RSS: save {c['save_s']:.2f} s, "
+            f"{peak('save')}; load {c['load_s']:.2f} s, {peak('load')}")
 
 
 def main(a, comm) -> int:
@@ -216,6 +231,8 @@ def _main(a, comm) -> int:
             print(f"{ranks} rank(s) x {threads} thread(s):" + (f" (median of {a.repeat} runs each)" if a.repeat > 1 else ""))
             for side, s in summary.items():
                 print(_line(side, s))
+                if s.get("checkpoint"):
+                    print(checkpoint_line(s["checkpoint"]))
             if a.interleave:
                 print("  (interleaved in one process: start-up and peak memory are the process's, both sides')")
             if len(summary) == 2:

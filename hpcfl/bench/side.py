@@ -5,7 +5,9 @@
 Runs the workload through the engine (``hpcfl``: ``simulation.prepare`` and ``run``, in
 process, no results file) or through the bare loop (:mod:`hpcfl.bench.bare`), and writes
 one JSON object on rank 0: per-round seconds by phase, local steps, start-up (process
-start to the first round), peak RSS of every rank, and the final test accuracy. With
+start to the first round), peak RSS of every rank, the final test accuracy, and the figures of
+one checkpoint of the run's state written and read back in a temporary folder (its size, rank
+0's peak memory and the seconds of each, :func:`checkpoint_figures`). With
 ``--side both`` the process runs the two interleaved, the bare loop's round r right after
 the engine's, and the JSON holds one such object per side (start-up and peak memory are
 then the process's).
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import os
 import time
+
+import numpy as np
 
 T_IMPORT = time.time()
 
@@ -57,9 +61,74 @@ def run_engine(job: dict, comm, threads: int, after_round=None, device: str = "a
                        "accuracy": float(m["test_accuracy"])})
 
     t_loop = time.time()
-    simulation.run(s, on_round=on_round, after_round=after_round)
+    x = simulation.run(s, on_round=on_round, after_round=after_round)
     return {"t_loop": t_loop, "rounds": rounds, "vectorize": s.block is not None, "dealt": s.dealt,
-            "device": str(s.device)}
+            "device": str(s.device), "_run": (s, x)}
+
+
+def _status_mb(key: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key + ":"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak resident set (Linux: VmHWM), so that the next peak is a step's."""
+    import gc
+
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def checkpoint_figures(s, x) -> dict:
+    """Collective: write one checkpoint of the run's state into a temporary folder and read it back
+    (as ``hpcfl run`` does); returns, on rank 0, the state's size, the file's, the seconds of each
+    step and rank 0's resident memory before and at its peak during each (None where the
+    platform cannot reset the peak)."""
+    import shutil
+    import tempfile
+
+    from ..engine import resume
+    from ..io.checkpoint import CheckpointStore
+    from ..state import ClientTable
+
+    comm = s.comm
+    folder = comm.bcast(tempfile.mkdtemp(prefix="hpcfl-bench-ckpt-") if comm.rank == 0 else None, root=0)
+    store = CheckpointStore(folder, keep=2) if comm.rank == 0 else None
+    rows = comm.allreduce(sum(it.get().nbytes for it in resume.state_items(s) if isinstance(it, ClientTable)))
+    fig = {}
+    try:
+        for step in ("save", "load"):
+            comm.Barrier()
+            reset = _reset_peak()
+            fig[f"rss_{step}_mb"] = _status_mb("VmRSS")
+            t0 = time.perf_counter()
+            if step == "save":
+                failure = resume.write(s, x, store, 1, {"sim_time": 0.0}, {"world_size": comm.size,
+                                                                         "config_sha256": "", "versions": {}})
+                if failure:
+                    raise RuntimeError(failure)
+            else:
+                loaded = store.load_latest(keep_arrays=False) if comm.rank == 0 else None
+                resume.read(s, loaded)
+            comm.Barrier()
+            fig[f"{step}_s"] = time.perf_counter() - t0
+            fig[f"peak_{step}_mb"] = _status_mb("VmHWM") if reset else None
+        if comm.rank == 0:
+            fig["state_mb"] = sum(int(np.prod(shape)) * dt.itemsize for shape, dt in loaded.shapes.values()) / 2**20
+            fig["file_mb"] = store.path_for(1).stat().st_size / 2**20
+            fig["rows_mb"] = rows / 2**20
+    finally:
+        if comm.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    return fig
 
 
 def main(argv=None) -> int:
@@ -112,7 +181,9 @@ def main(argv=None) -> int:
         bare["t_loop"] = out["t_loop"]
     if bare is not None:
         bare.update(device=device, vmap=a.vmap)
-    rss = comm.gather(peak_rss_mb(), root=0)
+    rss = comm.gather(peak_rss_mb(), root=0)   # before the checkpoint's figures reset the peak
+    if out is not None:
+        out["checkpoint"] = checkpoint_figures(*out.pop("_run"))
     if bare is not None:   # each rank counted its own steps; the engine's records already hold every rank's
         per_round = comm.gather([r["steps"] for r in bare["rounds"]], root=0)
         if comm.rank == 0:

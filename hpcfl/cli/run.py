@@ -97,7 +97,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
             f"start over, e.g. with a lower algorithm.lr)"])
     if store is None:
         return Plan("fresh", run_id, ckpt_dir, notes=[f"no checkpoint in {ckpt_dir}; starting at round 1"])
-    loaded = store.load_latest()
+    loaded = store.load_latest(keep_arrays=False)   # verified a block at a time; read on resume
     notes = said + [f"checkpoint {p.name} skipped: {why}" for p, why in store.last_skipped]
     if loaded is not None:
         resume.check_job(loaded, cfg)   # a checkpoint of another job is never resumed from
@@ -138,6 +138,20 @@ def _job_difference(old: dict, cfg, keys: list[str]) -> str:
     if implied:
         text += f" (its preset also sets {', '.join(implied)})"
     return text
+
+
+def _settle(cfg, setup, plan: Plan) -> None:
+    """Rank 0, once the job is set up: resume from the newest checkpoint whose arrays fit it
+    (:func:`hpcfl.engine.resume.settle`); says which one and why others were passed over."""
+    from ..engine import resume
+    from ..io.checkpoint import CheckpointStore
+
+    chosen, warnings = resume.settle(setup, CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep), plan.loaded,
+                                     cfg)
+    if chosen is not plan.loaded:
+        plan.notes = [n for n in plan.notes if not n.startswith("resuming from ")] + warnings + [
+            f"resuming from {chosen.path.name} (written after round {chosen.round})"]
+        plan.loaded = chosen
 
 
 def _commit(cfg, out: Path, plan: Plan):
@@ -258,6 +272,8 @@ def _run(args, comm) -> int:
         if comm.rank == 0:
             plan = plan_run(cfg, out, args)
         setup = simulation.prepare(cfg, comm)
+        if comm.rank == 0 and plan.mode == "resume":   # a checkpoint that does not fit the job: an older one
+            _settle(cfg, setup, plan)
     except HpcflError as exc:
         err = exc
     agree(comm, err)
@@ -286,7 +302,7 @@ def _run(args, comm) -> int:
         return 0
 
     sim_time = comm.bcast(loaded.meta.get("sim_time", 0.0) if loaded else 0.0, root=0)
-    x = resume.restore(setup, loaded.arrays if loaded else None) if mode == "resume" else None
+    x = resume.read(setup, loaded) if mode == "resume" else None
     placed = comm.gather((str(setup.device), setup.placement.describe(comm.rank)), root=0) or []
     devices = [d for d, _ in placed]
     writer = progress = None
@@ -349,19 +365,16 @@ def _run(args, comm) -> int:
 
     def checkpoint(done, x_now, sim_now):
         nonlocal aside
-        arrays = resume.capture(setup, x_now)
-        failure = None
-        if comm.rank == 0:
-            try:
-                writer.sync()   # results.h5 on disk first: never behind the checkpoint (docs/reliability.md)
-                store.save(done, arrays, meta={"sim_time": sim_now, "config": cfg.to_json()},
-                           manifest={"world_size": comm.size, "config_sha256": cfg.digest(), "versions": versions()})
-            except HpcflError as exc:
-                failure = (str(exc), EXIT_INPUT if isinstance(exc, DirectoryMoved) else EXIT_WRITE)
-            if failure is None and aside is not None:   # the new run can now resume on its own
-                shutil.rmtree(aside, ignore_errors=True)
-                print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)
-                aside = None
+        # results.h5 on disk first, so that it is never behind the checkpoint (docs/reliability.md)
+        failure = resume.write(setup, x_now, store, done, meta={"sim_time": sim_now, "config": cfg.to_json()},
+                               manifest={"world_size": comm.size, "config_sha256": cfg.digest(),
+                                         "versions": versions()}, before=writer.sync if comm.rank == 0 else None)
+        if comm.rank == 0 and failure is not None:   # a swapped checkpoint folder is the user's to fix: exit 2
+            failure = (failure, EXIT_INPUT if isinstance(resume.write.last_error, DirectoryMoved) else EXIT_WRITE)
+        if comm.rank == 0 and failure is None and aside is not None:   # the new run can now resume on its own
+            shutil.rmtree(aside, ignore_errors=True)
+            print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)
+            aside = None
         failure = comm.bcast(failure, root=0)
         if failure:
             if comm.rank == 0:

@@ -29,7 +29,9 @@ Layout::
 ``payload_sha256`` is SHA-256 over the arrays in sorted-name order, hashing for each
 the UTF-8 line ``json.dumps([name, dtype.str, list(shape)]) + "\\n"`` followed by its
 raw C-order bytes: a renamed, retyped or reshaped dataset fails like a flipped bit.
-Files are read through h5py datasets only; nothing is ever unpickled.
+Files are read through h5py datasets only; nothing is ever unpickled. Arrays too large to
+hold twice (per-client tables) are written, hashed, verified and read back a block at a
+time (:mod:`hpcfl.io.ckptblocks`); the hash is the same as over the whole array.
 
 File locking
 ------------
@@ -61,6 +63,7 @@ import numpy as np
 from hpcfl.errors import HpcflError
 from hpcfl.io import h5check, safefs
 from hpcfl.io.heldir import HeldDir
+from hpcfl.io.ckptblocks import FileArrays, Streamed, hash_dataset, header
 
 FORMAT_VERSION = 1
 _CALLER_KEYS = ("world_size", "config_sha256", "versions")
@@ -97,7 +100,7 @@ def _open_h5(path: Path, mode: str) -> h5py.File:
 
 
 def _hash_update(h, name: str, arr: np.ndarray) -> None:
-    h.update((json.dumps([name, arr.dtype.str, list(arr.shape)]) + "\n").encode())
+    h.update(header(name, arr.dtype, arr.shape))
     # Hash the buffer itself, not tobytes(): no second copy of a large model.
     h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
 
@@ -132,7 +135,7 @@ def _check_inputs(round, arrays, manifest) -> dict:
     for name, a in arrays.items():
         if not isinstance(name, str) or name in ("", ".", "..") or "/" in name:
             raise ValueError(f"array name {name!r} is not allowed: use a non-empty string without '/'")
-        a = np.asarray(a)
+        a = a if isinstance(a, Streamed) else np.asarray(a)
         if a.dtype.kind not in _ALLOWED_KINDS:
             raise TypeError(f"array {name!r} has dtype {a.dtype}: checkpoints hold bool/int/uint/float/complex "
                             f"arrays only and never pickle objects")
@@ -160,6 +163,11 @@ class Loaded:
     path : Path
     skipped : list of (Path, str)
         Newer files that failed to load, newest first, with the reason.
+    shapes : dict of str to (tuple, np.dtype)
+        Every array's shape and dtype (also when ``arrays`` was not kept).
+    stat : tuple
+        (inode, size, mtime_ns) of the file when it was verified: :func:`open_loaded` reopens
+        only that file.
     """
 
     round: int
@@ -168,6 +176,8 @@ class Loaded:
     manifest: dict
     path: Path
     skipped: list = field(default_factory=list)
+    shapes: dict = field(default_factory=dict)
+    stat: tuple = ()
 
 
 class CheckpointStore:
@@ -238,7 +248,10 @@ class CheckpointStore:
         round : int
             Completed rounds (>= 0); names the file.
         arrays : dict of str to np.ndarray
-            Numeric arrays of any shapes; names without ``/``.
+            Numeric arrays of any shapes; names without ``/``. A
+            :class:`~hpcfl.io.ckptblocks.Streamed` is written and hashed a block at a time as
+            its iterator gives them (never whole in memory); a caller whose streams are fed by
+            other processes drains them whatever this raises.
         meta : dict, optional
             Small JSON-serialisable values (simulated clock, counters).
         manifest : dict
@@ -261,7 +274,6 @@ class CheckpointStore:
         manifest = dict(manifest or {})
         arrays = _check_inputs(round, arrays, manifest)
         round = int(round)
-        digest = payload_sha256(arrays)
         attrs = {
             "format_version": FORMAT_VERSION,
             "round": round,
@@ -269,7 +281,7 @@ class CheckpointStore:
             "config_sha256": str(manifest.pop("config_sha256")),
             "versions": _to_json(manifest.pop("versions")),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "payload_sha256": digest,
+            "payload_sha256": "",   # set by _write, hashed as the blocks go by
             "meta": _to_json(dict(meta or {})),
             **{k: _to_json(v) for k, v in manifest.items()},
         }
@@ -282,7 +294,7 @@ class CheckpointStore:
         if free is not None and free < nbytes + (64 << 10):   # HDF5 meeting a full disk can crash at exit: check first
             raise HpcflError(self._write_error(round, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), nbytes))
         try:
-            self._write(self._at(tmp), arrays, attrs)
+            digest = self._write(self._at(tmp), arrays, attrs)
             os.replace(self._at(tmp), self._at(final))
             if self._held is not None:
                 self._held.fsync()
@@ -298,7 +310,7 @@ class CheckpointStore:
         try:
             loaded = self._read(self._at(final), keep_arrays=False)
             if loaded.manifest["payload_sha256"] != digest:
-                raise _Invalid("the stored payload_sha256 is not the one computed before writing")
+                raise _Invalid("the stored payload_sha256 is not the one computed while writing")
         except _Invalid as e:
             # The write "succeeded" but the file does not hold what was written (a silent
             # I/O error): delete it so that no restart ever trusts it.
@@ -312,15 +324,27 @@ class CheckpointStore:
         return final
 
     @h5check.quiet
-    def _write(self, tmp: Path, arrays: dict, attrs: dict) -> None:
+    def _write(self, tmp: Path, arrays: dict, attrs: dict) -> str:
+        """Write the file; returns the payload_sha256 of what was written."""
         # Created exclusively: a link planted under the temporary name is removed, never followed.
         safefs.remove_stale(tmp)
         f = _open_h5(tmp, "w-")
         try:
             f.attrs.update(attrs)
             g = f.create_group("arrays")
-            for name in sorted(arrays):
-                g.create_dataset(name, data=arrays[name])
+            h = hashlib.sha256()
+            for name in sorted(arrays):   # the hash's order
+                a = arrays[name]
+                if isinstance(a, Streamed):
+                    ds = g.create_dataset(name, shape=a.shape, dtype=a.dtype)
+                    h.update(header(name, a.dtype, a.shape))
+                    for r0, r1, rows in a:   # one block in memory at a time
+                        ds[r0:r1] = rows
+                        h.update(np.ascontiguousarray(rows).reshape(-1).view(np.uint8))
+                else:
+                    g.create_dataset(name, data=a)
+                    _hash_update(h, name, a)
+            digest = f.attrs["payload_sha256"] = h.hexdigest()
             f.flush()
             fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor
             os.fsync(fd)
@@ -337,6 +361,7 @@ class CheckpointStore:
         # Closing may still write HDF5 bookkeeping (end-of-file address, free space);
         # one more fsync puts that on disk too, and costs nothing when nothing is dirty.
         safefs.fsync(tmp)
+        return digest
 
     def _write_error(self, round: int, e: Exception, nbytes: int) -> str:
         if getattr(e, "errno", None):
@@ -381,11 +406,14 @@ class CheckpointStore:
         return True
 
     # ------------------------------------------------------------------ load
-    def load_latest(self) -> Loaded | None:
+    def load_latest(self, keep_arrays: bool = True, below: int | None = None) -> Loaded | None:
         """The newest checkpoint that opens, has a version-1 manifest and matches its checksum.
 
         Damaged files are skipped and listed in ``Loaded.skipped`` (and in
         ``self.last_skipped``, also when nothing loads). Temporary files are ignored.
+        ``keep_arrays=False`` verifies a block at a time and keeps no array (``Loaded.shapes``
+        says what is there; :func:`open_loaded` reads it); ``below`` looks only at checkpoints
+        of fewer rounds (the fallback past one that does not fit the job).
 
         Returns
         -------
@@ -393,14 +421,17 @@ class CheckpointStore:
             None when the directory holds no valid checkpoint.
         """
         self.last_skipped = skipped = []
-        for _, path in self.list():
+        for rnd, path in self.list():
+            if below is not None and rnd >= below:
+                continue
             try:
-                loaded = self._read(path, keep_arrays=True)
+                loaded = self._read(path, keep_arrays=keep_arrays)
             except _Invalid as e:
                 skipped.append((path, str(e)))
                 continue
             loaded.skipped = skipped[:]
             self._remember(path)  # the first save after a restart need not re-read it
+            loaded.stat = self._verified[path]
             return loaded
         return None
 
@@ -429,7 +460,7 @@ class CheckpointStore:
         g = f.get("arrays")
         if not isinstance(g, h5py.Group):
             raise _Invalid("no /arrays group")
-        h, arrays = hashlib.sha256(), {}
+        h, arrays, shapes = hashlib.sha256(), {}, {}
         for name in sorted(g):
             ds = g[name]
             # Check the type before reading: h5py returns Python objects for string
@@ -442,10 +473,12 @@ class CheckpointStore:
                 h5check.dataset(ds, path, _ALLOWED_KINDS, ndim=None)
             except h5check.BadFile as e:
                 raise _Invalid(str(e).replace(f"{path}: ", "")) from None
-            arr = np.asarray(ds[()])  # a 0-d dataset reads as a numpy scalar
-            _hash_update(h, name, arr)
+            shapes[name] = (tuple(ds.shape), ds.dtype)
             if keep_arrays:
-                arrays[name] = arr
+                arrays[name] = np.asarray(ds[()])  # a 0-d dataset reads as a numpy scalar
+                _hash_update(h, name, arrays[name])
+            else:   # a table larger than this node's memory verifies all the same
+                hash_dataset(h, name, ds)
         stored, computed = attrs["payload_sha256"], h.hexdigest()
         if computed != stored:
             raise _Invalid(f"checksum mismatch: payload_sha256 {str(stored)[:12]}... stored, "
@@ -456,4 +489,17 @@ class CheckpointStore:
                 attrs[k] = json.loads(attrs[k])  # versions and the further manifest keys
         except (TypeError, ValueError) as e:
             raise _Invalid(f"manifest JSON unreadable: {e}") from None
-        return Loaded(round=int(attrs["round"]), arrays=arrays, meta=meta, manifest=attrs, path=path)
+        return Loaded(round=int(attrs["round"]), arrays=arrays, meta=meta, manifest=attrs, path=path, shapes=shapes)
+
+
+def open_loaded(loaded: Loaded) -> FileArrays:
+    """The arrays of checkpoint ``loaded`` (from ``load_latest(keep_arrays=False)``), to read a
+    block at a time; close it after. Refuses a file changed since it was verified."""
+    try:
+        st = loaded.path.stat()
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != tuple(loaded.stat):
+            raise OSError("it changed since it was verified")
+        return FileArrays(_open_h5(loaded.path, "r"))
+    except OSError as e:
+        raise HpcflError(f"cannot read checkpoint {loaded.path}: {e}; run the same command again to resume "
+                         f"from the newest valid checkpoint") from None

@@ -5,7 +5,7 @@ import json
 import pytest
 from clirun import hpcfl
 
-from hpcfl.bench import _layouts, median_run, pair_ratios, round_ratios, summarize
+from hpcfl.bench import _layouts, checkpoint_line, median_run, pair_ratios, round_ratios, summarize
 from hpcfl.errors import ConfigError
 
 TINY = ["--set", "data.synthetic_images.num_train=640", "--set", "data.synthetic_images.num_test=100",
@@ -29,6 +29,17 @@ def test_bench_runs_both_sides_on_the_same_work(tmp_path, layout):
     assert summary["ratio"] == pytest.approx(ratio)
     assert f"ratio hpcfl / bare (s per round): {ratio:.3f}x" in p.stdout
     assert "steps/s" in p.stdout and "start-up" in p.stdout and "MB/rank" in p.stdout
+    ck = hp["checkpoint"]                   # one checkpoint of the engine's state, written and read back
+    assert ck["rows_mb"] == 0 and 62_006 * 4 / 2**20 < ck["state_mb"] < ck["file_mb"]   # FedAvg: LeNet-5 + grid
+    assert checkpoint_line(ck) in p.stdout
+
+
+def test_checkpoint_line_by_hand():
+    c = {"state_mb": 1000.04, "rows_mb": 990.0, "file_mb": 1000.2, "rss_save_mb": 1300.4, "save_s": 2.5,
+         "peak_save_mb": 1400.0, "rss_load_mb": 1301.0, "load_s": 1.25, "peak_load_mb": None}
+    assert checkpoint_line(c) == ("  checkpoint: state 1000.0 MB (990.0 MB of per-client rows), file 1000.2 MB; "
+                                  "rank 0 from 1300 MB RSS: save 2.50 s, peak 1400 MB (+100); load 1.25 s, "
+                                  "peak unknown")
 
 
 def test_summary_by_hand():

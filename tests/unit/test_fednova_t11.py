@@ -88,7 +88,7 @@ def test_T11_control_variates_sum_to_zero_under_full_participation():
     s = simulation.prepare(config.from_dict(t), MPI.COMM_SELF)
     simulation.run(s)
     vr = next(p for p in s.algo.extras if type(p).__name__ == "VarianceReduction")
-    rows = vr._table().detach().cpu().numpy()[s.slot[np.arange(M)]]
+    rows = vr._rows.tensor().detach().cpu().numpy()[s.slot[np.arange(M)]]
     p = np.full(M, 1.0 / M)
     c = vr.c.detach().cpu().numpy()[None, :] - rows           # c_i = hbar - h_i
     assert np.abs(rows).max() > 1e-3                     # the h_i are not trivially zero
