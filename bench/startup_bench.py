@@ -37,7 +37,8 @@ def once(tree: Path, cache: Path, out: Path, mode: str) -> tuple[float, float, f
     t, cpu = time.perf_counter(), _children_cpu()
     p = subprocess.run([sys.executable, "-m", "hpcfl", "run", str(JOB), "--out", str(out), "--force",
                         "--set", "run.rounds=1", "--set", "runtime.progress=none", "--set", f"runtime.vectorize={mode}"],
-                       env=env, capture_output=True, text=True, check=False)
+                       env=env, cwd=out.parent, capture_output=True, text=True, check=False)   # not the repo:
+    # python -m puts the working folder first on sys.path, which would shadow --tree
     wall, cpu = time.perf_counter() - t, _children_cpu() - cpu
     found = re.search(r"startup ([0-9.]+) s", p.stdout + p.stderr)
     if p.returncode != 0 or not found:
