@@ -65,7 +65,7 @@ def test_a_stop_signal_ends_a_start_up_blocked_in_a_read(tmp_path):
         assert p.poll() is None                                 # blocked reading: nothing comes, no end
         t = time.monotonic()
         p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=signals.STARTUP_GRACE_S + signals.STARTUP_STILL_S + 60)
+        _, err = p.communicate(timeout=signals.STARTUP_GRACE_S + signals.STARTUP_STILL_S + 60)
         took = time.monotonic() - t
     finally:
         kill_group(p)
