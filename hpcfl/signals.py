@@ -97,7 +97,7 @@ def _give_up(still: float) -> None:
     try:
         if _startup["undo"] is not None:   # e.g. remove the --out folder the run's lock created
             _startup["undo"]()
-    except BaseException:   # noqa: S110 - stopping regardless; the message below still goes out
+    except BaseException:   # noqa: BLE001, S110 - stopping regardless; the message below still goes out
         pass
     os.write(2, (f"\nhpcfl: rank {_rank()}: start-up is blocked ({still:.0f} s without progress after {_requested[0]}: "
                  f"e.g. reading a file that never ends, such as a FIFO without a writer, or waiting for another "
