@@ -1,7 +1,8 @@
 """Stop requests from SIGTERM, SIGINT and SIGUSR1 (no heavy imports: installed first).
 
 A signal only sets a flag; the round loop agrees on it at the next round boundary,
-writes a checkpoint and exits 75 (docs/reliability.md). Installed before numpy and
+writes a checkpoint and exits 75 (docs/reliability.md). During start-up, which writes nothing,
+it also starts a watcher that ends the process if start-up is blocked (see STARTUP_GRACE_S). Installed before numpy and
 torch are imported, so that a signal during start-up is not lost (Python's default for
 SIGUSR1 is to die, which a requeue script would see as 138).
 
@@ -15,12 +16,27 @@ is what a batch system's warning signal is for.
 
 import os
 import signal
+import sys
+import threading
+import time
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 _requested: list = []   # names of the signals received by this process
-RUN_STOP = "stopping at the end of start-up or of the round in progress (a checkpoint is written then)"
-_stopping = [RUN_STOP]   # what the acknowledgement says happens next (install() sets it)
 
+# Start-up writes nothing (``hpcfl run`` changes files only once every rank has validated the job
+# and found its data), so a stop during it may end the process at once. It usually ends by itself
+# at the check after start-up, with a clean message; but a process blocked there (reading a file
+# that never ends, a hung network file system, a peer that never comes) never reaches that check,
+# and the flag alone left it deaf to SIGTERM (issue 37.3). So a stop signal during start-up also
+# starts a watcher thread: from STARTUP_GRACE_S after the signal, once the main thread has stood
+# still (the same frame at the same instruction: blocked in a system call or in C) for
+# STARTUP_STILL_S, the process exits STARTUP_EXIT at once. A start-up that is only slow, still
+# running Python code, is left to reach the check.
+STARTUP_GRACE_S = 3.0
+STARTUP_STILL_S = 3.0
+STARTUP_EXIT = 75   # parallel.exits.EXIT_RESUMABLE (not importable from here): run the command again
+_startup: dict = {"on": False, "watcher": None, "undo": None}
+_stopping: list = [None]   # what the acknowledgement says happens next, when not a run's (install() sets it)
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
@@ -38,18 +54,87 @@ def _on_signal(signum, frame) -> None:
     _requested.append(name)
     if signum == signal.SIGINT:
         signal.signal(signal.SIGINT, signal.SIG_DFL)   # a second Ctrl-C stops at once
+    if _startup["on"]:
+        _arm()
     if first and _rank() == "0":
         again = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
         # os.write: print() could be interrupted in the middle of writing to the same stream
-        os.write(2, f"\nhpcfl: {name} received: {_stopping[0]}{again}\n".encode())
+        when = ("at the end of start-up, which has written nothing (at once if start-up is blocked)"
+                if _startup["on"] else
+                "at the end of start-up or of the round in progress (a checkpoint is written then)")
+        text = _stopping[0] or f"stopping {when}"
+        os.write(2, f"\nhpcfl: {name} received: {text}{again}\n".encode())
 
 
-def install(stopping: str = RUN_STOP) -> None:
-    """Make the stop signals stop requests; ``stopping`` is what the acknowledgement says happens next
-    (a run's default; ``hpcfl sweep`` says its planning stops at once)."""
+def _arm() -> None:
+    if _startup["watcher"] is None:
+        done = threading.Event()
+        _startup["watcher"] = done
+        threading.Thread(target=_watch, args=(done,), name="hpcfl-startup-stop", daemon=True).start()
+
+
+def _main_position():
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return (id(frame), frame.f_lasti) if frame is not None else None
+
+
+def _watch(done: threading.Event) -> None:
+    """After a stop signal during start-up: end the process once its main thread stands still."""
+    if done.wait(STARTUP_GRACE_S):
+        return
+    still_since, last = time.monotonic(), _main_position()
+    while not done.wait(0.1):
+        now = _main_position()
+        if now != last:
+            still_since, last = time.monotonic(), now
+        elif time.monotonic() - still_since >= STARTUP_STILL_S:
+            _give_up(time.monotonic() - still_since)
+            return
+
+
+def _give_up(still: float) -> None:
+    """Start-up is blocked after a stop signal: take back what it made, say so, and stop now."""
+    if not _startup["on"]:
+        return
+    try:
+        if _startup["undo"] is not None:   # e.g. remove the --out folder the run's lock created
+            _startup["undo"]()
+    except BaseException:   # noqa: BLE001, S110 - stopping regardless; the message below still goes out
+        pass
+    os.write(2, (f"\nhpcfl: rank {_rank()}: start-up is blocked ({still:.0f} s without progress after {_requested[0]}: "
+                 f"e.g. reading a file that never ends, such as a FIFO without a writer, or waiting for another "
+                 f"rank); stopped at once. Nothing was written or changed; run the same command again to "
+                 f"start\n").encode())
+    os._exit(STARTUP_EXIT)
+
+
+def begin_startup(undo=None) -> None:
+    """From here until :func:`end_startup`, a stop signal ends a blocked process (see STARTUP_GRACE_S);
+    ``undo()`` (if given) is called first, to take back what start-up made (the ``--out`` lock)."""
+    _startup["on"] = True
+    _startup["undo"] = undo
+    if _requested:   # received earlier (before the handlers knew start-up had begun)
+        _arm()
+
+
+def end_startup() -> None:
+    """Start-up is over (files may change from here): a stop signal is only a request again."""
+    _startup["on"] = False
+    _startup["undo"] = None
+    done, _startup["watcher"] = _startup["watcher"], None
+    if done is not None:
+        done.set()
+
+
+def install(stopping: str | None = None, startup: bool = False) -> None:
+    """Install the stop handlers. ``stopping``: what the acknowledgement says happens next, when
+    not a run's (``hpcfl sweep`` says its planning stops at once); ``startup``: the process is
+    starting a run (:func:`begin_startup`)."""
     _stopping[0] = stopping
     for name in STOP_SIGNALS:
         signal.signal(getattr(signal, name), _on_signal)
+    if startup:
+        begin_startup()
 
 
 def stop_requested():

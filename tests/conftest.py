@@ -23,6 +23,13 @@ def _private_dataset_cache():
     folder = tempfile.mkdtemp(prefix="hpcfl-test-cache-")
     os.environ["HPCFL_CACHE_DIR"] = folder
     atexit.register(shutil.rmtree, folder, True)
+    # numba's compiled kernels (hpcfl keeps them in <cache>/numba) are kept across test sessions
+    # and ranks, as they were in the package's __pycache__: compiling them per process would add
+    # seconds to every MPI rank. Keyed by the source file, so never stale.
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        numba_cache = Path(__file__).resolve().parent.parent / "build" / "test-numba-cache"
+        numba_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["NUMBA_CACHE_DIR"] = str(numba_cache)
 
 
 _private_dataset_cache()

@@ -119,6 +119,9 @@ def load_runs(files: list[Path], warn=None) -> list:
         except HpcflError as exc:   # damaged, truncated or not a results file: the message names it
             bad.append(str(exc))
             warn(f"hpcfl: skipped {f}: {exc}")
+        except OSError as exc:      # a read error anywhere in it (failing storage): still only this run's
+            bad.append(f"{f} cannot be read ({exc.strerror or exc})")
+            warn(f"hpcfl: skipped {f}: it cannot be read ({exc.strerror or exc})")
     if not out:
         raise HpcflError(f"no run could be read: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
                          + "; pass hpcfl results.h5 files, or remove a run killed before it wrote anything")

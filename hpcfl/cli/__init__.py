@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "run":      # again for the console script, which does not pass through __main__
         from .. import signals
-        signals.install()
+        signals.install(startup=True)
     from ..parallel import launch
     from ..parallel.comm import world
 

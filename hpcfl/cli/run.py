@@ -240,12 +240,17 @@ def cmd_run(args, comm) -> int:
         return _run(args, comm)
     finally:
         rundir.unlock()
+        from .. import signals
+        signals.end_startup()   # however _run ended: a later stop in this process is a request again
         if restore:
             restore()
 
 
 def _run(args, comm) -> int:
-    from .. import config, signals
+    from .. import signals
+
+    signals.begin_startup(undo=rundir.abandon)   # (again, for sweep's points): nothing is written until end_startup
+    from .. import config
     from ..config import notices
     from ..engine import resume, simulation
     from ..engine.control import RunControl, fault_notice, final_write, write_failed
@@ -283,6 +288,7 @@ def _run(args, comm) -> int:
                   "start", file=sys.stderr, flush=True)
         rundir.abandon()
         exit_all(EXIT_RESUMABLE)
+    signals.end_startup()
     # The job is valid and its data found on every rank: only now may rank 0 change files.
     if comm.rank == 0 and plan.mode not in ("done", "diverged"):
         try:

@@ -22,6 +22,12 @@ without hashes (an older hpcfl's) makes the entry be generated again and replace
 message naming it: an edited cache never changes results silently. A file that hashes right
 after it was copied or restored gets its new stamp recorded in ``verified.json``. The labels
 are also checked against the class count and the arrays against each other.
+
+Ownership: the hashes catch damage, not a planted entry (whoever can write the folder writes
+``meta.json`` too). So an entry is read or written only when the cache root, ``datasets/`` and
+the entry's folder and files are owned by this user (or root) and not writable by group or
+others (:func:`hpcfl.native.cachedir.private_folder`; the folders hpcfl creates are 0700);
+otherwise a message names the folder and the fix, and the data is generated for this run only.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..native import cachedir
 from ..signals import stop_requested
 from .datasets import Dataset
 
@@ -58,6 +65,18 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
     if root is None:
         return make()
     path = path_for(root, name, options, seed)
+    try:
+        cachedir.private_folder(root, path.parent.name)   # the root and datasets/, before anything is read
+        if path.exists():
+            cachedir.check(path)
+    except cachedir.UntrustedFolder as err:   # never read from, never written to
+        if cachedir.first_time(err):
+            print(f"hpcfl: the dataset cache is not used: {err}; generating the data for this run only", flush=True)
+        return make()
+    except OSError as err:   # cannot be created or looked at: only the speed-up is lost
+        print(f"hpcfl: could not write the dataset cache {path.parent} ({err}); set data.cache = 'off' or a "
+              f"writable folder to silence this", flush=True)
+        return make()
     damaged = False
     if path.exists():
         try:
@@ -89,7 +108,7 @@ def _write(path: Path, ds: Dataset, replace: bool = False) -> bool:
     Returns False when another process placed the same entry first (this copy is discarded);
     ``replace`` removes an existing (damaged) entry first.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     arrays = {name: getattr(ds, name) for name in ARRAYS}
     meta = {"name": ds.name, "num_classes": ds.num_classes, "input_shape": list(ds.input_shape),
             "augment": ds.augment, "natural": ds.natural_clients is not None}
@@ -97,13 +116,15 @@ def _write(path: Path, ds: Dataset, replace: bool = False) -> bool:
         arrays["natural_index"] = np.concatenate(ds.natural_clients).astype(np.int64)
         arrays["natural_offset"] = np.cumsum([0] + [len(c) for c in ds.natural_clients]).astype(np.int64)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    tmp.mkdir()
+    tmp.mkdir(mode=0o700)
     try:
         meta["files"] = {}
         for name, arr in arrays.items():
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr))
+            os.chmod(tmp / f"{name}.npy", 0o644)   # whatever the umask (a group-writable file is refused)
             meta["files"][f"{name}.npy"] = {"sha256": _sha256(tmp / f"{name}.npy"), **_stamp(tmp / f"{name}.npy")}
         (tmp / "meta.json").write_text(json.dumps(meta))   # written last: its presence marks a whole entry
+        os.chmod(tmp / "meta.json", 0o644)
         if replace and path.exists():   # a damaged entry (files stay valid for a process that mapped them)
             shutil.rmtree(path)
         try:
@@ -127,8 +148,12 @@ def _sha256(path: Path) -> str:
 
 
 def _stamp(path: Path) -> dict:
-    """What changes whenever a file's bytes do: size, inode, modification and change time."""
+    """What changes whenever a file's bytes do: size, inode, modification and change time (raises
+    UntrustedFolder for a file someone else could have written)."""
     st = os.stat(path)
+    why = cachedir.untrusted_because(st)
+    if why:
+        raise cachedir.UntrustedFolder(f"{path} is {why}")
     return {"size": st.st_size, "stamp": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]}
 
 
@@ -162,6 +187,7 @@ def _read(path: Path) -> Dataset:
     """Arrays mapped copy-on-write: pages are read when first touched, shared between the ranks
     of a node until one writes, and never written back. Raises ValueError for an entry that
     is not as it was written (hashes), or whose arrays do not fit together."""
+    cachedir.check(path / "meta.json")
     meta = json.loads((path / "meta.json").read_text())
     _check_files(path, meta)
     arr = {name: np.load(path / f"{name}.npy", mmap_mode="c", allow_pickle=False) for name in ARRAYS}

@@ -7,8 +7,8 @@
 * MNIST, Fashion-MNIST, EMNIST: IDX files, gzipped or not, parsed from their header.
 * ``npz``: a generic numpy archive (``x``, ``y``, optional ``x_test``, ``y_test``).
 
-Every failure (missing, truncated, wrong format) is a :class:`DataError` naming the file
-and what was expected.
+Every failure (missing, truncated, wrong format, not a regular file) is a :class:`DataError`
+naming the file and what was expected.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import ConfigError, DataError, HpcflError
+from ..inputs import open_regular
 from . import safe_pickle
 from .augment import normalize_images
 from .datasets import Dataset, DatasetSpec, check_arrays
 
 def _open(path: str, expected: str):
+    """``path`` for reading, if it is a regular file (a FIFO would block start-up: :mod:`hpcfl.inputs`)."""
     try:
-        return open(path, "rb")
+        return open_regular(path)
     except FileNotFoundError:
         raise DataError(f"missing file {path}; expected {expected}") from None
     except OSError as e:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import DataError
+from ..inputs import open_regular
 from .datasets import Dataset, DatasetSpec, check_arrays
 from .files import _find_dir, _need_root, root_check
 
@@ -158,7 +159,7 @@ def read_wav(path: str) -> np.ndarray:
     """
     expected = "16-bit mono PCM WAV at 16000 Hz (the Speech Commands format)"
     try:
-        with wave.open(path, "rb") as w:
+        with open_regular(path) as f, wave.open(f, "rb") as w:
             ch, width, rate, comp = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getcomptype()
             if (ch, width, rate, comp) != (1, 2, SAMPLE_RATE, "NONE"):
                 raise DataError(f"{path}: found {ch} channel(s), {8 * width}-bit, {rate} Hz, compression "
@@ -180,7 +181,7 @@ def read_wav(path: str) -> np.ndarray:
 
 def _read_list(path: str) -> set[str]:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path, "r", encoding="utf-8") as f:
             return {ln.strip().replace("\\", "/") for ln in f if ln.strip()}
     except FileNotFoundError:
         raise DataError(f"missing file {path}; expected the Speech Commands list of relative paths "
@@ -238,7 +239,7 @@ def _cache_path(d: str, opts: SpeechOptions, train, test) -> str:
 
 def _read_cache(path: str, n_train: int, n_test: int):
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open_regular(path) as f, np.load(f, allow_pickle=False) as z:
             xtr, xte = z["x_train"], z["x_test"]
     except Exception:  # absent, partial or foreign: recompute (and overwrite)
         return None

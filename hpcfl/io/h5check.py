@@ -86,7 +86,10 @@ def superblock(path: Path) -> dict:
     try:
         offset = 0   # HDF5 looks for the signature at 0, 512, 1024, 2048, ... (after a user block)
         while True:
-            head = os.pread(fd, 96, offset)
+            try:
+                head = os.pread(fd, 96, offset)
+            except OSError as exc:   # EIO from failing storage (or /proc/self/mem): this file's problem
+                raise BadFile(f"{path} cannot be read ({exc.strerror or exc})") from None
             if head[:8] == SIGNATURE:
                 break
             offset = 512 if offset == 0 else offset * 2

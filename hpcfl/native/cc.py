@@ -18,8 +18,13 @@ folder; every later process maps the shared library in about a millisecond.
   one whole file. A folder that cannot be written costs a compile per process (a warning says so).
 - Content check: beside each ``.so`` its SHA-256 is kept in ``NAME-KEY.so.sha256``, written after
   the compile; the library is hashed and compared before it is mapped. A file that does not
-  match (truncated by a full disk: SIGBUS in every later run; flipped bits: SIGILL; a file
-  put there by hand) is never loaded: it is compiled again, and a warning says so.
+  match (truncated by a full disk: SIGBUS in every later run; flipped bits: SIGILL) is never
+  loaded: it is compiled again, and a warning says so. The hash guards against damage only:
+  whoever can write the folder can write a library and its hash. So the folder is used only
+  when nobody else can write it (:func:`hpcfl.native.cachedir.private_folder`: the cache root and
+  ``kernels/`` owned by this user and not writable by group or others, created 0700; the library
+  and its hash file likewise); otherwise a warning names the folder and the fix, and the kernel
+  is compiled into a private temporary folder for this process.
 - No compiler, a failed compile, or ``HPCFL_NO_CC=1``: :func:`load` returns None and the
   caller uses its numba or torch form (the same bits; kernels check their own results).
 """
@@ -38,6 +43,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from . import cachedir
 from .cachedir import cache_root
 
 FLAGS = ("-O2", "-std=c99", "-shared", "-fPIC")
@@ -84,8 +90,10 @@ def _compile(cc: list[str], source: Path, target: Path) -> None:
         with open(tmp, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
             os.fsync(f.fileno())   # the bytes are on disk before a name points at them
+        os.chmod(tmp, 0o755)      # whatever the umask: a group-writable library would be refused
         os.replace(tmp, target)   # a reader sees no file or a whole one
         side_tmp.write_text(digest + "\n")
+        os.chmod(side_tmp, 0o644)
         os.replace(side_tmp, side)
     finally:
         tmp.unlink(missing_ok=True)
@@ -99,12 +107,17 @@ def _digest_path(target: Path) -> Path:
 def verified(target: Path) -> bool | None:
     """Whether the cached library ``target`` matches the hash written beside it; None if there is none.
 
-    A missing or unreadable hash file counts as a mismatch: the library is compiled again.
+    A missing or unreadable hash file counts as a mismatch, and so does a library or hash file
+    that someone else could have written (:func:`hpcfl.native.cachedir.check`): the library is
+    compiled again.
     """
     if not target.exists():
         return None
     try:
-        expected = _digest_path(target).read_text().strip()
+        side = _digest_path(target)
+        cachedir.check(target)
+        cachedir.check(side)
+        expected = side.read_text().strip()
         with open(target, "rb") as f:
             return hashlib.sha256(f.read()).hexdigest() == expected
     except OSError:
@@ -128,6 +141,7 @@ def load(source: Path) -> ctypes.CDLL | None:
     folder = cache_folder()
     target = folder / f"{source.stem}-{key(text, cc)}.so"
     try:
+        cachedir.private_folder(folder.parent, folder.name)   # before anything in it is read
         ok = verified(target)
         if ok:
             try:
@@ -138,9 +152,12 @@ def load(source: Path) -> ctypes.CDLL | None:
             why = ("does not match its recorded hash (damaged, e.g. by a full disk, or replaced)"
                    if _digest_path(target).exists() else "has no recorded hash (an older hpcfl's, or damaged)")
             warnings.warn(f"hpcfl: the compiled kernel {target} {why}; compiling it again", stacklevel=2)
-        folder.mkdir(parents=True, exist_ok=True)
         _compile(cc, source, target)
         return ctypes.CDLL(str(target))
+    except cachedir.UntrustedFolder as err:   # never read from, never written to: compile privately
+        if cachedir.first_time(err):
+            warnings.warn(f"hpcfl: the kernel cache is not used: {err}. The C kernels are compiled anew, "
+                          f"in a private folder, in every process until then", stacklevel=2)
     except OSError as err:   # the cache folder cannot be written: compile into a private one
         warnings.warn(f"hpcfl: cannot write the kernel cache {folder} ({err}); the C kernels are compiled "
                       f"anew in every process. Set HPCFL_CACHE_DIR to a writable folder", stacklevel=2)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..inputs import open_regular
 
 COMPUTE_COLUMN = {"step": "seconds_per_step", "sample": "seconds_per_sample"}
 
@@ -37,7 +38,7 @@ def read_trace(path: str | Path, columns: list[str]) -> dict[str, np.ndarray]:
     path = Path(path)
     where = f"system.trace = {str(path)!r}"
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
+        with open_regular(path, "r", encoding="utf-8-sig", newline="") as f:   # a FIFO would block start-up
             lines = list(csv.reader(f))
     except OSError as e:
         raise ConfigError(f"{where}: cannot read the file ({e.strerror}); check the path")

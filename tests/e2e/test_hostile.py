@@ -152,6 +152,27 @@ def test_report_skips_damaged_runs_naming_each(tmp_path, finished):
     assert p.returncode == 2 and "no run could be read" in p.stderr
 
 
+
+def test_a_run_whose_file_gives_a_read_error_is_skipped_and_the_others_reported(tmp_path, finished):
+    """A results.h5 linked to /proc/self/mem gave OSError EIO from os.pread in the superblock
+    check: report and plot exited 1 with a traceback and the good run beside it was not reported
+    (issue 37.4). Any read error of one run is now that run's problem."""
+    runs = tmp_path / "runs"
+    shutil.copytree(finished / "out", runs / "good")
+    (runs / "eio").mkdir()
+    (runs / "eio" / "results.h5").symlink_to("/proc/self/mem")    # a regular file whose reads fail (EIO)
+    p = hpcfl("report", str(runs), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "1  " in p.stdout.splitlines()[2]                                  # the good run, in the table
+    assert "skipped" in p.stderr and "mem" in p.stderr and "Input/output error" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = hpcfl("plot", str(runs), "--out", str(tmp_path / "curves.png"), timeout=120)
+    assert p.returncode == 0 and (tmp_path / "curves.png").stat().st_size > 0, p.stderr
+    assert "Input/output error" in p.stderr and "Traceback" not in p.stderr
+    p = hpcfl("report", str(runs / "eio"))                                   # alone: nothing to report
+    assert p.returncode == 2 and "no run could be read" in p.stderr and "Input/output error" in p.stderr
+
+
 # ---- a full disk ---------------------------------------------------------------------------------
 
 LIMITED = """

@@ -1,5 +1,6 @@
 """hpcfl.native.cc: C kernels compiled once per machine into the cache folder, loaded through ctypes."""
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -10,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hpcfl.native import cc
 from hpcfl.models import pool, pool_kernels
+from hpcfl.native import cc
 
 needs_cc = pytest.mark.skipif(cc.compiler() is None, reason="no C compiler on this machine")
 
@@ -174,3 +175,73 @@ def test_pooling_kernels_that_give_other_bits_are_not_used(monkeypatch):
         assert pool.kernels() is good
     x = torch.randn(2, 3, 8, 8)
     assert torch.equal(pool.ReLUMaxPool2x2()(x), torch.nn.functional.max_pool2d(torch.relu(x), 2))
+
+
+def _evil_library(tmp_path: Path, target: Path, marker: Path) -> None:
+    """Someone else's library under the cached name, with its matching hash beside it (both planted)."""
+    evil = tmp_path / "evil.c"
+    evil.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void run(void) {{ '
+                    f'FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\nint answer(void) {{ return 666; }}\n')
+    subprocess.run([*cc.compiler(), *cc.FLAGS, str(evil), "-o", str(target)], check=True)
+    cc._digest_path(target).write_text(hashlib.sha256(target.read_bytes()).hexdigest() + "\n")
+
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+NOBODY = 65534
+
+
+@needs_cc
+@pytest.mark.parametrize("how", [
+    pytest.param("other user owns the root", marks=as_root), pytest.param("other user owns kernels/", marks=as_root),
+    "root group-writable", "kernels/ writable by others", "library group-writable", "control: trusted"])
+def test_a_library_planted_with_its_hash_where_others_can_write_is_never_mapped(cache, tmp_path, how):
+    """A library planted with its hash by another user ran its constructor in the victim's run
+    (issue 37.1): the hash beside it only catches damage. Loaded in a child process, which must
+    warn naming the folder, compile privately, and leave the planted files alone."""
+    src = source(tmp_path, 5)
+    root = cache.parent
+    cache.mkdir(parents=True)
+    os.chmod(root, 0o755)
+    os.chmod(cache, 0o755)
+    target = cache / f"answer-{cc.key(src.read_bytes(), cc.compiler())}.so"
+    marker = tmp_path / "constructor-ran"
+    _evil_library(tmp_path, target, marker)
+    os.chmod(target, 0o755)
+    if how == "other user owns the root":
+        os.chown(root, NOBODY, NOBODY)
+    elif how == "other user owns kernels/":
+        for p in (cache, target, cc._digest_path(target)):
+            os.chown(p, NOBODY, NOBODY)
+    elif how == "root group-writable":
+        os.chmod(root, 0o775)
+    elif how == "kernels/ writable by others":
+        os.chmod(cache, 0o757)
+    elif how == "library group-writable":
+        os.chmod(target, 0o775)
+    planted = target.read_bytes()
+    p = subprocess.run([sys.executable, "-c", LOAD_CHILD.format(src=str(src))], capture_output=True, text=True,
+                       timeout=120, check=False)
+    if how.startswith("control"):   # the plant is a valid one: where only its owner can write, it is loaded
+        assert p.stdout.strip() == "666" and marker.exists()
+        return
+    assert p.returncode == 0 and p.stdout.strip() == "5", (p.returncode, p.stderr)
+    assert not marker.exists()
+    if how == "library group-writable":   # the folder is trusted: the library is compiled again in it
+        assert "compiling it again" in p.stderr and cc.verified(target) is True
+        return
+    assert "the kernel cache is not used" in p.stderr
+    bad = root if "root" in how else cache
+    assert f"{bad} is {'owned by another user' if 'other user' in how else 'writable by'}" in p.stderr
+    assert target.read_bytes() == planted                  # neither mapped nor overwritten
+
+
+def test_cache_folders_are_created_private(tmp_path, monkeypatch):
+    """The cache root, its missing parents and kernels/ are created 0700, whatever the umask."""
+    from hpcfl.native import cachedir
+    old = os.umask(0o002)
+    try:
+        folder = cachedir.private_folder(tmp_path / "a" / "b" / "hpcfl", "kernels")
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "hpcfl", folder):
+        assert p.stat().st_mode & 0o777 == 0o700, p

@@ -1,14 +1,15 @@
 """The disk cache of generated datasets (hpcfl.data.cache, data.cache)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 from hpcfl import data
 from hpcfl.data import cache
-from hpcfl.native import cachedir
 from hpcfl.data.datasets import SyntheticImagesOptions, SyntheticOptions
+from hpcfl.native import cachedir
 
 SMALL = SyntheticImagesOptions(num_train=64, num_test=16, image_shape=(3, 8, 8))
 
@@ -169,3 +170,52 @@ def test_a_stop_requested_during_generation_skips_the_cache_write(tmp_path, monk
     ds = data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
     same(ds, data.load_dataset("synthetic_images", SMALL, None, 0, "off"))
     assert not (tmp_path / "datasets").exists() or not any((tmp_path / "datasets").iterdir())
+
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+
+
+@pytest.mark.parametrize("how", [
+    pytest.param("other user owns the root", marks=as_root), pytest.param("other user owns the entry", marks=as_root),
+    "datasets/ group-writable", "entry writable by others", "control: trusted"])
+def test_a_planted_entry_where_others_can_write_is_never_used(tmp_path, capsys, how):
+    """Every training label shifted by one and meta.json recomputed to match was trained on (issue
+    37.1): the hashes only catch damage. Now the entry is not read and the data is generated."""
+    root = tmp_path / "cache"
+    fresh = data.load_dataset("synthetic_images", SMALL, None, 0, str(root))
+    entry = cache.path_for(root, "synthetic_images", SMALL, 0)
+    y = np.load(entry / "y_train.npy")
+    np.save(entry / "y_train.npy", (y + 1) % 10)            # the plant, with its hash and stamp recorded
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["files"]["y_train.npy"] = {"sha256": cache._sha256(entry / "y_train.npy"), **cache._stamp(entry / "y_train.npy")}
+    (entry / "meta.json").write_text(json.dumps(meta))
+    bad = {"other user owns the root": root, "other user owns the entry": entry,
+           "datasets/ group-writable": entry.parent, "entry writable by others": entry}.get(how)
+    if "other user" in how:
+        os.chown(bad, NOBODY, NOBODY)
+    elif "writable" in how:
+        os.chmod(bad, 0o777 if "others" in how else 0o770)
+    capsys.readouterr()
+    got = data.load_dataset("synthetic_images", SMALL, None, 0, str(root))
+    if how.startswith("control"):   # the plant is a valid one: where only its owner can write, it is used
+        assert np.array_equal(got.y_train, (y + 1) % 10)
+        return
+    same(got, fresh)                                          # generated, not the planted labels
+    out = capsys.readouterr().out
+    assert "the dataset cache is not used" in out and f"{bad} is" in out
+    assert np.array_equal(np.load(entry / "y_train.npy"), (y + 1) % 10)   # and the plant left as it was
+
+
+def test_dataset_cache_folders_are_created_private(tmp_path):
+    old = os.umask(0o002)
+    try:
+        data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path / "new" / "cache"))
+    finally:
+        os.umask(old)
+    entry = cache.path_for(tmp_path / "new" / "cache", "synthetic_images", SMALL, 0)
+    for p in (tmp_path / "new", tmp_path / "new" / "cache", entry.parent, entry):
+        assert p.stat().st_mode & 0o777 == 0o700, p
+    assert all(f.stat().st_mode & 0o022 == 0 for f in entry.iterdir())
+    same(data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path / "new" / "cache")),
+         data.load_dataset("synthetic_images", SMALL, None, 0, "off"))

@@ -4,6 +4,7 @@ import collections
 import gzip
 import os
 import pickle
+import re
 import struct
 
 import numpy as np
@@ -599,3 +600,35 @@ def test_npz_errors(tmp_path):
         load_dataset("npz", build("npz", {"file": "c.npz"}), str(tmp_path), 0)
     with pytest.raises(DataError, match=r"missing file .*nope\.npz"):
         load_dataset("npz", build("npz", {"file": "nope.npz"}), str(tmp_path), 0)
+
+
+@pytest.mark.timeout(60)   # before the fix a FIFO blocked here for good
+@pytest.mark.parametrize("kind", ["a FIFO (named pipe)", "a folder", "a character device"])
+def test_a_data_file_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    """A FIFO as data.npz.file hung start-up, deaf to SIGTERM (issue 37.3): open() waits for a
+    writer. Every data file is now checked to be a regular file before it is read."""
+    import time
+
+    path = tmp_path / "d.npz"
+    if kind.startswith("a FIFO"):
+        os.mkfifo(path)
+    elif kind == "a folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")           # reads forever, never ends: no data file either
+    t = time.monotonic()
+    with pytest.raises(DataError, match=re.escape(f"cannot read {path}: not a regular file but {kind}")):
+        load_dataset("npz", build("npz", {"file": "d.npz"}), str(tmp_path), 0)
+    with pytest.raises(DataError, match="not a regular file"):   # the other formats share the open path
+        read_idx(str(path))
+    assert time.monotonic() - t < 10
+
+
+def test_open_regular_reads_a_regular_file_in_blocking_mode(tmp_path):
+    from hpcfl.inputs import open_regular
+
+    (tmp_path / "a.txt").write_text("héllo\n")
+    with open_regular(tmp_path / "a.txt", "r", encoding="utf-8") as f:
+        assert f.read() == "héllo\n" and os.get_blocking(f.fileno())   # O_NONBLOCK only for the check
+    with open_regular(tmp_path / "a.txt") as f:
+        assert f.read() == "héllo\n".encode()

@@ -248,3 +248,14 @@ def test_kws_lstm_two_rounds_in_memory(tmp_path):
     x, metrics, _ = run_memory(table, MPI.COMM_SELF)
     assert len(metrics) == 2 and np.all(np.isfinite(x))
     assert all(np.isfinite(m["test_loss"]) for m in metrics)
+
+
+@pytest.mark.timeout(60)   # a FIFO blocked open() for good
+def test_a_fifo_among_the_speech_files_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "clip.wav"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="not a regular file but a FIFO"):
+        speech.read_wav(str(fifo))
+    with pytest.raises(DataError, match="not a regular file but a FIFO"):
+        speech._read_list(str(fifo))
+    assert speech._read_cache(str(fifo), 1, 1) is None   # the feature cache: recomputed, never waited on

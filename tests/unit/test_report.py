@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -264,3 +265,24 @@ def test_cli_prints_writes_and_exits_2_on_bad_input(sweep, tmp_path, capsys):
     assert "no run has the config key 'nosuch'" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "missing")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_a_read_error_in_one_run_skips_it_and_keeps_the_others(monkeypatch):
+    """An OSError while reading one run (EIO from failing storage, anywhere in the file) is that
+    run's problem: it is skipped with a line naming it, the others are returned (issue 37.4)."""
+    import errno
+
+    import hpcfl.io.results as results_io
+
+    def fake_load(path):
+        if path.name == "bad.h5":
+            raise OSError(errno.EIO, "Input/output error")
+        return SimpleNamespace(source=path)
+
+    monkeypatch.setattr(results_io, "load", fake_load)
+    lines = []
+    got = runs.load_runs([Path("a/good.h5"), Path("b/bad.h5"), Path("c/good.h5")], warn=lines.append)
+    assert [r.source for r in got] == [Path("a/good.h5"), Path("c/good.h5")]
+    assert lines == ["hpcfl: skipped b/bad.h5: it cannot be read (Input/output error)"]
+    with pytest.raises(HpcflError, match="no run could be read: b/bad.h5 cannot be read"):
+        runs.load_runs([Path("b/bad.h5")], warn=lines.append)

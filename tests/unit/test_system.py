@@ -1,6 +1,7 @@
 """Tests of the simulated clock (hpcfl.system)."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -191,6 +192,15 @@ def test_malformed_trace(tmp_path, body, words):
 def test_missing_trace_file(tmp_path):
     o = opts(compute_dist="trace", trace=str(tmp_path / "nope.csv"))
     with pytest.raises(ConfigError, match="system.trace"):
+        SystemModel(o, 4, 0, MB)
+
+
+
+@pytest.mark.timeout(60)   # a FIFO blocked open() for good (issue 37.3)
+def test_a_trace_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "trace.csv")
+    o = opts(compute_dist="trace", trace=str(tmp_path / "trace.csv"))
+    with pytest.raises(ConfigError, match="system.trace.*not a regular file but a FIFO"):
         SystemModel(o, 4, 0, MB)
 
 
