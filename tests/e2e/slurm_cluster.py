@@ -35,6 +35,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from netns_nodes import NetworkUnavailable, Nodes
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
 PACKAGES = "slurmctld slurmd slurm-client munge"   # Debian 12: Slurm 22.05
@@ -47,7 +49,7 @@ NEVER = {"PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig", "ReqNode
 
 SLURM_CONF = """\
 ClusterName=hpcfltest
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld_addr})
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
@@ -56,11 +58,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={d}/munge/munge.socket,cred_expire={cred_expire}
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
+SlurmdLogFile={d}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig={d}/plugstack.conf
@@ -84,9 +86,8 @@ InactiveLimit=0
 MessageTimeout=10
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=60
-NodeName={node} NodeAddr=127.0.0.1 {hardware} RealMemory={mem_mb} State=UNKNOWN
-PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
+SlurmdTimeout={slurmd_timeout}
+{node_lines}PartitionName=test Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -149,13 +150,21 @@ def parse_record(line: str) -> dict:
 class Cluster:
     """munged + slurmctld + slurmd under ``directory``; :meth:`env` is what clients need."""
 
-    def __init__(self, directory: Path, *, cred_expire=5, sched_interval=2, min_job_age=3600, kill_wait=10):
+    def __init__(self, directory: Path, *, nodes: int = 1, share_shm: bool = False, cred_expire=5,
+                 sched_interval=2, min_job_age=3600, kill_wait=10, slurmd_timeout=60):
         self.dir = Path(directory)
-        self.node = "hpcfl-node"
+        # one node: slurmd on localhost, as before; several: one set of namespaces each (netns_nodes)
+        self.nodes = ["hpcfl-node"] if nodes == 1 else [f"hpcfl-n{i}" for i in range(1, nodes + 1)]
+        self.net = Nodes(self.dir, self.nodes, share_shm=share_shm) if nodes > 1 else None
         self.settings = dict(cred_expire=cred_expire, sched_interval=sched_interval, min_job_age=min_job_age,
-                             kill_wait=kill_wait)
+                             kill_wait=kill_wait, slurmd_timeout=slurmd_timeout)
         self.procs: dict[str, subprocess.Popen] = {}
         self.conf = self.dir / "slurm.conf"
+
+    @property
+    def node(self) -> str:
+        """The only node of a one-node cluster (the first of several)."""
+        return self.nodes[0]
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -166,25 +175,60 @@ class Cluster:
                                      f"(Debian 12, as root: apt-get install -y {PACKAGES})")
         if os.geteuid() != 0:
             raise ClusterUnavailable("slurmd must run as root to start jobs; run the Slurm tests as root")
-        for sub in ("munge", "state", "spool", "log"):
+        for sub in ("munge", "state", "log", *(f"spool/{n}" for n in self.nodes)):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o755)
         (self.dir / "munge").chmod(0o755)   # munged: its socket's folders must be searchable
         (self.dir / "plugstack.conf").write_text("")   # not the system's /etc/slurm/plugstack.conf
-        self.conf.write_text(SLURM_CONF.format(
-            host=socket.gethostname().split(".")[0], d=self.dir, node=self.node, hardware=_hardware(),
-            mem_mb=_mem_mb() - 512, ctld_port=_free_port(), d_port=_free_port(), **self.settings))
+        host = socket.gethostname().split(".")[0]
         try:
+            if self.net:
+                try:
+                    self.net.create(host)
+                except NetworkUnavailable as exc:
+                    raise ClusterUnavailable(str(exc)) from None
+            hardware, mem_mb = _hardware(), (_mem_mb() - 512) // len(self.nodes)
+            addr = self.net.addr if self.net else (lambda node: "127.0.0.1")
+            node_lines = "".join(f"NodeName={n} NodeAddr={addr(n)} {hardware} RealMemory={mem_mb} State=UNKNOWN\n"
+                                 for n in self.nodes)
+            self.conf.write_text(SLURM_CONF.format(
+                host=host, ctld_addr=self.net.bridge_addr if self.net else "127.0.0.1", d=self.dir,
+                node_lines=node_lines, nodes=",".join(self.nodes), ctld_port=_free_port(), d_port=_free_port(),
+                **self.settings))
             self._start_munge(timeout)
             self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
             self._wait(lambda: "UP" in self._out("scontrol", "ping"), timeout, "slurmctld")
-            self._spawn("slurmd", ["slurmd", "-D", "-N", self.node, "-f", str(self.conf)])
-            self._wait(lambda: self._out("sinfo", "-h", "-N", "-o", "%T").strip() == "idle", timeout,
-                       "slurmd (node idle)")
+            for n in self.nodes:
+                self.start_node(n, timeout=None)
+            self.wait_nodes("idle", timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def start_node(self, node: str, timeout: float | None = 60):
+        """Start (or restart, after :meth:`kill_node`) the node's slurmd; with a timeout, wait until
+        Slurm has it back (idle)."""
+        argv = ["slurmd", "-D", "-N", node, "-f", str(self.conf)]
+        self._spawn(f"slurmd-{node}", self.net.command(node, argv) if self.net else argv)
+        if timeout is not None:
+            self.wait_nodes("idle", timeout, [node])
+
+    def kill_node(self, node: str):
+        """A node lost: SIGKILL to its slurmd and to every process it started (a multi-node cluster:
+        the whole PID namespace goes with the ``unshare`` that holds it)."""
+        p = self.procs.pop(f"slurmd-{node}")
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+
+    def node_states(self) -> dict[str, str]:
+        out = self._out("sinfo", "-h", "-N", "-o", "%N %T")
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+    def wait_nodes(self, state: str, timeout: float, nodes=None):
+        nodes = nodes or self.nodes
+        self._wait(lambda: all(self.node_states().get(n) == state for n in nodes), timeout,
+                   f"nodes {','.join(nodes)} {state}")
 
     def _start_munge(self, timeout):
         m = self.dir / "munge"
@@ -223,7 +267,7 @@ class Cluster:
     def stop(self):
         """Cancel every job, wait (bounded) for them to end, then stop the daemons newest first:
         SIGTERM, SIGKILL after 10 s. Never raises."""
-        if "slurmd" in self.procs and self.procs["slurmd"].poll() is None:
+        if any(n.startswith("slurmd") and p.poll() is None for n, p in self.procs.items()):
             try:
                 ids = self._out("squeue", "-h", "-o", "%A").split()
                 if ids:
@@ -245,6 +289,8 @@ class Cluster:
                 except ProcessLookupError:
                     pass
         self.procs.clear()
+        if self.net:
+            self.net.remove()
 
     def logs(self, *names, lines=25) -> str:
         files = [self.dir / "log" / n for n in names] or sorted((self.dir / "log").glob("*"))
@@ -311,7 +357,7 @@ class Cluster:
         self.cancel(job_id)
         text = log.read_text(errors="replace") if log and log.exists() else "(no job log)"
         raise AssertionError(f"job {job_id}: {why}; scontrol: {recs}\n---- job log\n{text[-3000:]}\n"
-                             f"{self.logs('slurmctld.log', 'slurmd.log')}")
+                             f"{self.logs('slurmctld.log', *(f'slurmd-{n}.log' for n in self.nodes))}")
 
     def wait_done(self, job_id: int, timeout: float, log: Path | None = None) -> list[dict]:
         """Until every record (array task) of the job is in a final state."""
