@@ -35,7 +35,7 @@ LONG_ROUNDS, EVERY = 40, 4
 # a dead peer ends the run through MPI at once; the watchdog bounds it should MPI not notice (H2's
 # default may change: set here so that this test does not depend on it)
 WATCHDOG_S = 60
-LOST_BOUND_S = 120   # a lost node must end the job within this (SlurmdTimeout 20 s + slack on a loaded machine)
+LOST_BOUND_S = 90    # a lost node ends its job's attempt within this: SlurmdTimeout (20 s here) + slack
 
 
 @pytest.fixture(scope="module")
@@ -172,11 +172,13 @@ def test_requeue_across_nodes(cluster, work, long_ref):
 
 # ---- a node lost ---------------------------------------------------------------------------
 
-def test_node_lost_mid_run_ends_the_job_and_a_resubmission_resumes(cluster, work, long_ref):
-    """multi_node.sbatch on 2 nodes; after a periodic checkpoint, the node that is not the batch
-    host dies (its slurmd and its rank killed at once). The job ends within LOST_BOUND_S; the
-    node comes back; the same submission again resumes from the newest checkpoint and finishes
-    bitwise as mpiexec -n 2 did uninterrupted."""
+def test_node_lost_mid_run_ends_the_attempt_and_the_requeued_job_resumes(cluster, work, long_ref):
+    """multi_node.sbatch on 2 of the 3 nodes; after a periodic checkpoint, the node that is not the
+    batch host dies (its slurmd and its rank killed at once, as a node that loses power). Slurm
+    notices within SlurmdTimeout and ends the attempt (MPI alone does not notice: UCX over TCP
+    leaves the surviving rank waiting), within LOST_BOUND_S; the job is requeued (--requeue,
+    JobRequeue=1), starts again on the nodes still up, resumes from the newest checkpoint and
+    finishes bitwise as mpiexec -n 2 did uninterrupted."""
     out = work.dir / "runs" / "lost"
     jid = work.sbatch("multi_node", "-N2", *AS_TYPED, JOB=long_ref.job, OUT="runs/lost", HPCFL_DEVICE="cpu")
     deadline = time.monotonic() + 300
@@ -187,26 +189,25 @@ def test_node_lost_mid_run_ends_the_job_and_a_resubmission_resumes(cluster, work
     rec = one(cluster.jobs(jid))
     victim = next(n for n in cluster.nodes[:2] if n != rec["BatchHost"])
     assert rec["NodeList"] == "hpcfl-n[1-2]" and rec["BatchHost"] != victim, rec
-    cluster.kill_node(victim)
-    t0 = time.monotonic()
-    ended = cluster.wait(jid, lambda rs: rs[0]["JobState"] != "RUNNING", LOST_BOUND_S, "ended after its node was lost",
-                         work.log_path(jid))
-    took = time.monotonic() - t0
-    print(f"job ended {took:.1f} s after node {victim} was lost: {ended[0]['JobState']} {ended[0].get('Reason')}")
-    cluster.cancel(jid)   # whatever state it is in (FAILED, or requeued behind a DOWN node): it is over
-    cluster.wait_done(jid, 60)
-    ckpts = sorted((out / "checkpoints").glob("ckpt-*.h5"))
-    assert ckpts, work.log(jid)
-    last = int(ckpts[-1].stem.split("-")[1])
-    assert last < LONG_ROUNDS, f"the run had finished before the node was lost: {work.log(jid)}"
-
-    cluster.start_node(victim, timeout=120)
-    jid2 = work.sbatch("multi_node", "-N2", *AS_TYPED, JOB=long_ref.job, OUT="runs/lost", HPCFL_DEVICE="cpu")
-    rec = one(cluster.wait_done(jid2, timeout=600, log=work.log_path(jid2)))
-    log2 = work.log(jid2)
-    assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log2
-    assert resumed_rounds(log2) == [last], log2
-    assert_same_run(out, long_ref())
+    try:
+        cluster.kill_node(victim)
+        t0 = time.monotonic()
+        cluster.wait(jid, lambda rs: rs[0]["JobState"] != "RUNNING" or int(rs[0]["Restarts"]) > 0, LOST_BOUND_S,
+                     "out of its attempt after a node was lost", work.log_path(jid))
+        took = time.monotonic() - t0
+        ckpts = sorted((out / "checkpoints").glob("ckpt-*.h5"))   # before the next attempt can write one
+        last = int(ckpts[-1].stem.split("-")[1])
+        print(f"\nnode {victim} lost after round {last}'s checkpoint: the attempt ended {took:.1f} s later")
+        rec = one(cluster.wait_done(jid, timeout=600, log=work.log_path(jid)))
+        log = work.log(jid)
+        assert (rec["JobState"], rec["ExitCode"], rec["Restarts"]) == ("COMPLETED", "0:0", "1"), log
+        assert "DUE TO NODE FAILURE" in log and "attempt 2, out runs/lost" in log, log
+        assert victim not in rec["NodeList"], rec
+        assert last < LONG_ROUNDS and resumed_rounds(log) == [last], log
+        assert [r["JobState"] for r in cluster.completions(jid)][-1] == "COMPLETED"
+        assert_same_run(out, long_ref())
+    finally:
+        cluster.start_node(victim, timeout=120)   # the next tests have all nodes again
 
 
 # ---- an array over the nodes ---------------------------------------------------------------
