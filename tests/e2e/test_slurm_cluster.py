@@ -4,9 +4,10 @@ templates (the GPU request dropped with sbatch's --gpus-per-task=0, the document
 the small quickstart. Results are compared bitwise with runs outside Slurm.
 
 Skipped where Slurm and MUNGE are not installed or not root; with HPCFL_REQUIRE_SLURM=1 (CI) a
-cluster that does not start fails instead. Cost: 11 minutes measured on 2 cores shared with other
-work (load 9 to 11), about 2 CPU-minutes of it ours; the requeue test is the longest (3 to 4 min),
-its attempts paced by Slurm's 30-s time-limit checks.
+cluster that does not start fails instead. Cost: 7.5 minutes measured on 2 cores shared with other
+work (load 10 to 14), under a minute of CPU time ours; the requeue test is the longest (3 to 4
+min), its attempts paced by Slurm's 30-s time-limit checks. The array and multi-node tests run on
+a three-node cluster: tests/e2e/test_slurm_multinode.py.
 """
 
 import math
@@ -184,7 +185,7 @@ def long_job(tmp_path_factory):
 def test_cpu_only_two_ranks_complete_as_under_mpiexec(cluster, work, quick_ref):
     """cpu_only.sbatch as shipped (JOB, OUT, HPCFL_MPI=pmi2), 2 ranks of 1 core: one world of
     2 ranks, COMPLETED, and the results bitwise those of mpiexec -n 2."""
-    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
+    jid = work.sbatch("cpu_only", "--ntasks-per-node=2", *ONE_CORE)
     rec = one(cluster.wait_done(jid, timeout=300, log=work.log_path(jid)))
     log = work.log(jid)
     assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log
@@ -201,7 +202,7 @@ def test_requeue_signal_before_the_limit_checkpoint_requeue_resume(cluster, work
     of the uninterrupted run."""
     signal_opt = re.sub(r"@\d+$", f"@{WARN}", directives("requeue")["--signal"])   # keeps B:USR1
     assert signal_opt == f"B:USR1@{WARN}"
-    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks=1", *ONE_CORE, "--time=1",
+    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks-per-node=1", *ONE_CORE, "--time=1",
                       f"--signal={signal_opt}", JOB=long_job.path, HPCFL_DEVICE="cpu", MAX_REQUEUES=REQUEUE_CAP)
     rec = one(cluster.wait_done(jid, timeout=REQUEUE_CAP * 75, log=work.log_path(jid)))
     log = work.log(jid)
@@ -226,7 +227,7 @@ def test_requeue_cap_is_honoured(cluster, work):
     says (scancel --signal=USR1 --batch): the first stop is requeued, the second is not (the job
     ends FAILED with 75 and says how to go on); the checkpoint of the last stop is there."""
     job = work.job_file("endless.toml", QUICK, rounds=100000)
-    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks=1", *ONE_CORE, JOB=job, HPCFL_DEVICE="cpu",
+    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks-per-node=1", *ONE_CORE, JOB=job, HPCFL_DEVICE="cpu",
                       MAX_REQUEUES=1)
     work.wait_log(jid, r"startup [\d.]+ s")           # the rank is about to train
     cluster.signal(jid, "USR1", batch=True)
@@ -252,7 +253,7 @@ def test_scancel_term_checkpoints_requeues_and_resumes(cluster, work, quick_ref)
     rounds begin: the ranks checkpoint and exit 75, and cpu_only.sbatch requeues itself as every
     template does (slurm/hpcfl_srun.sh); the next attempt resumes and finishes with mpiexec's
     results."""
-    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
+    jid = work.sbatch("cpu_only", "--ntasks-per-node=2", *ONE_CORE)
     work.wait_log(jid, r"startup [\d.]+ s")   # printed as round 1 starts: the TERM lands mid-run
     cluster.signal(jid, "TERM")
     rec = one(cluster.wait_done(jid, timeout=300, log=work.log_path(jid)))
@@ -271,7 +272,7 @@ def test_scancel_term_checkpoints_requeues_and_resumes(cluster, work, quick_ref)
 def test_srun_without_pmi_stops_every_task_with_exit_2(cluster, work):
     """HPCFL_MPI empty: srun uses the site's MpiDefault (none here), as the templates did before:
     two 1-rank worlds. Every task exits 2 before touching OUT; the fix is printed once."""
-    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE, HPCFL_MPI="")
+    jid = work.sbatch("cpu_only", "--ntasks-per-node=2", *ONE_CORE, HPCFL_MPI="")
     rec = one(cluster.wait_done(jid, timeout=180, log=work.log_path(jid)))
     log = work.log(jid)
     assert (rec["JobState"], rec["ExitCode"]) == ("FAILED", "2:0"), log
