@@ -19,7 +19,8 @@ Why each piece:
   of the node's PID namespace at once, slurmd and tasks alike.
 
 Needs root and ``ip`` (iproute2), ``nsenter`` and ``unshare`` (util-linux). :meth:`Nodes.remove`
-deletes the namespaces and the bridge; it is safe to call twice and after a failed set-up.
+deletes the namespaces and the bridge; it is safe to call twice and after a failed set-up. What a
+test process killed outright left behind goes when the next cluster starts (:func:`remove_stale`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ import subprocess
 from pathlib import Path
 
 TOOLS = ("ip", "nsenter", "unshare", "mount", "hostname")
+# One file per bridge made here: "<pid of the test process> <netns> <netns> ...". A test process
+# killed outright (its timeout, kill -9) cannot remove what it made; the next one does.
+REGISTRY = Path("/run/hpcfl-test-nodes")
 
 
 class NetworkUnavailable(RuntimeError):
@@ -42,6 +46,30 @@ def _ip(*argv, check=True):
     if check and p.returncode != 0:
         raise NetworkUnavailable(f"ip {' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
     return p
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def remove_stale():
+    """Delete the namespaces and bridges that test processes no longer alive left behind."""
+    for entry in REGISTRY.glob("hfb*") if REGISTRY.is_dir() else []:
+        try:
+            pid, *namespaces = entry.read_text().split()
+        except OSError:
+            continue
+        if pid.isdigit() and not _alive(int(pid)):
+            for ns in namespaces:
+                _ip("netns", "del", ns, check=False)
+            _ip("link", "del", entry.name, check=False)
+            entry.unlink(missing_ok=True)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -83,8 +111,11 @@ class Nodes:
                                                                            "/usr/sbin", "/sbin"])) is None]
         if missing:
             raise NetworkUnavailable(f"{', '.join(missing)} not found (Debian: apt-get install iproute2 util-linux)")
+        remove_stale()
         self.subnet = _free_subnet()
         prefix = self.subnet.prefixlen
+        REGISTRY.mkdir(exist_ok=True)
+        (REGISTRY / self.bridge).write_text(" ".join([str(os.getpid()), *self.netns.values()]))
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             self.made.append(("bridge", self.bridge))
@@ -133,3 +164,4 @@ class Nodes:
             else:
                 _ip("link", "del", name, check=False)
         self.made.clear()
+        (REGISTRY / self.bridge).unlink(missing_ok=True)

@@ -136,10 +136,16 @@ def _mem_mb() -> int:
     raise ClusterUnavailable("cannot read MemTotal from /proc/meminfo")
 
 
-def _die_with_parent():
-    """In the child, before exec: SIGTERM when the process that started it dies (Linux prctl)."""
+def _die_with_parent(sig=signal.SIGTERM):
+    """In the child, before exec: ``sig`` when the process that started it dies (Linux prctl)."""
     PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+
+
+def _kill_with_parent():
+    """SIGKILL, for a node's ``unshare``: it ignores SIGTERM while it waits for the node, and its
+    death (--kill-child) takes every process of the node with it."""
+    _die_with_parent(signal.SIGKILL)
 
 
 def parse_record(line: str) -> dict:
@@ -210,7 +216,10 @@ class Cluster:
         """Start (or restart, after :meth:`kill_node`) the node's slurmd; with a timeout, wait until
         Slurm has it back (idle)."""
         argv = ["slurmd", "-D", "-N", node, "-f", str(self.conf)]
-        self._spawn(f"slurmd-{node}", self.net.command(node, argv) if self.net else argv)
+        if self.net:
+            self._spawn(f"slurmd-{node}", self.net.command(node, argv), on_parent_death=_kill_with_parent)
+        else:
+            self._spawn(f"slurmd-{node}", argv)
         if timeout is not None:
             self.wait_nodes("idle", timeout, [node])
 
@@ -246,11 +255,11 @@ class Cluster:
     def _daemon_env(self):
         return {**os.environ, "PATH": _sbin_path(), "SLURM_CONF": str(self.conf)}
 
-    def _spawn(self, name, argv):
+    def _spawn(self, name, argv, on_parent_death=_die_with_parent):
         with open(self.dir / "log" / f"{name}.stdout", "w") as log:
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
                                                 env=self._daemon_env(), start_new_session=True,
-                                                preexec_fn=_die_with_parent)
+                                                preexec_fn=on_parent_death)
 
     def _wait(self, ready, timeout, what):
         deadline = time.monotonic() + timeout

@@ -96,7 +96,8 @@ def test_nodes_share_nothing_but_the_file_system(cluster, tmp_path):
     on the others (with a shared /dev/shm, UCX could pass MPI data through it)."""
     probe = ("echo $(hostname) " + " ".join(f"$(readlink /proc/self/ns/{ns})" for ns in ("net", "uts", "ipc", "pid",
                                                                                          "mnt"))
-             + " && touch /dev/shm/hpcfl-probe-$(hostname) && sleep 2 && echo $(hostname) shm: $(ls /dev/shm)")
+             + " && touch /dev/shm/hpcfl-probe-$(hostname) && sleep 2 && echo $(hostname) shm: $(ls /dev/shm)"
+             + " && sleep 1 && rm /dev/shm/hpcfl-probe-$(hostname)")
     out = srun(cluster, f"-N{NODES}", "--ntasks-per-node=1", "--chdir", str(tmp_path), "bash", "-c", probe)
     lines = out.split("\n")
     ns_lines = [line.split() for line in lines if "net:[" in line]
@@ -105,7 +106,8 @@ def test_nodes_share_nothing_but_the_file_system(cluster, tmp_path):
     for k in range(1, 6):   # net, uts, ipc, pid, mnt: one of each per node, none the host's
         ids = [f[k] for f in ns_lines]
         assert len(set(ids)) == NODES and not set(ids) & own, (k, ids)
-    shm = {line.split()[0]: line.split()[2:] for line in lines if " shm:" in line}
+    shm = {line.split()[0]: [f for f in line.split()[2:] if f.startswith("hpcfl-probe-")] for line in lines
+           if " shm:" in line}
     assert shm == {n: [f"hpcfl-probe-{n}"] for n in cluster.nodes}, f"/dev/shm is shared between nodes: {shm}"
 
 
