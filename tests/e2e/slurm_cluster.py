@@ -1,5 +1,9 @@
-"""A one-node Slurm cluster on localhost for the tests: munged, slurmctld and slurmd from Debian's
+"""A Slurm cluster on this machine for the tests: munged, slurmctld and slurmd from Debian's
 packages (slurm-wlm 22.05, munge), everything under one temporary directory, torn down after.
+One node: slurmd on localhost. Several (``Cluster(d, nodes=3)``): one slurmd per node, each in its
+own network, UTS, mount, IPC and PID namespaces on a bridge (tests/e2e/netns_nodes.py), with
+``NodeAddr`` per node, slurmctld on the bridge's address, spool, log and pid files per node
+(``%n``); :meth:`Cluster.kill_node` loses a node, :meth:`Cluster.start_node` brings it back.
 
 Nothing here touches the system's Slurm or MUNGE set-up: the daemons get their own key, socket,
 ports, state and spool directories, and the clients find them through ``SLURM_CONF``. Every wait
@@ -39,7 +43,7 @@ from netns_nodes import NetworkUnavailable, Nodes
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
-PACKAGES = "slurmctld slurmd slurm-client munge"   # Debian 12: Slurm 22.05
+PACKAGES = "slurmctld slurmd slurm-client munge iproute2"   # Debian 12: Slurm 22.05; ip for several nodes
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}
 # Reasons a pending job gives when it can never start on this cluster: fail at once, not at the timeout.
