@@ -1,7 +1,10 @@
 """Several Slurm "nodes" on one machine, each in its own Linux namespaces, for tests/e2e/slurm_cluster.py.
 
 A node is a network namespace (``ip netns add``) joined to a bridge on a private /24 by a veth
-pair, plus, for its slurmd and everything slurmd starts (batch shells, srun steps, MPI ranks),
+pair; the bridge and slurmctld live in a namespace of their own (the "switch"), so that this
+machine's own network gains no interface (an MPI job started outside the cluster meanwhile, e.g.
+another test's mpiexec, must not see the bridge: the mpich wheel's UCX failed MPI_Init with
+"failed to unpack address, invalid bandwidth 0.00" when it did). Each node has,  for its slurmd and everything slurmd starts (batch shells, srun steps, MPI ranks),
 its own UTS (hostname), mount, IPC and PID namespaces, its own ``/etc/hosts`` and a private
 ``/dev/shm``. So ranks on two nodes share nothing but the file system and the CPUs: MPI has to
 move its bytes over the veths, as between real nodes (the tests read the veth counters to check).
@@ -26,6 +29,7 @@ test process killed outright left behind goes when the next cluster starts (:fun
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -93,6 +97,7 @@ class Nodes:
         self.names = list(names)
         self.share_shm = share_shm   # True only to show that the tests notice (a mutation)
         tag = f"{os.getpid() % 100000:05d}{id(self) % 97:02d}"
+        self.switch = f"hpcfl-{tag}-switch"                          # the bridge's (and slurmctld's) netns
         self.bridge = f"hfb{tag}"                                   # interface names: 15 chars at most
         self.veth = {n: f"hfv{tag}{i}" for i, n in enumerate(self.names)}
         self.netns = {n: f"hpcfl-{tag}-{n}" for n in self.names}
@@ -102,6 +107,11 @@ class Nodes:
     @property
     def bridge_addr(self) -> str:
         return str(self.subnet.network_address + 1)
+
+    @property
+    def switch_path(self) -> str:
+        """For ``nsenter --net=``: slurmctld and the Slurm clients run in the switch's namespace."""
+        return f"/run/netns/{self.switch}"
 
     def addr(self, node: str) -> str:
         return str(self.subnet.network_address + 11 + self.names.index(node))
@@ -115,20 +125,23 @@ class Nodes:
         self.subnet = _free_subnet()
         prefix = self.subnet.prefixlen
         REGISTRY.mkdir(exist_ok=True)
-        (REGISTRY / self.bridge).write_text(" ".join([str(os.getpid()), *self.netns.values()]))
+        (REGISTRY / self.bridge).write_text(" ".join([str(os.getpid()), self.switch, *self.netns.values()]))
+        sw = self.switch
         try:
-            _ip("link", "add", self.bridge, "type", "bridge")
-            self.made.append(("bridge", self.bridge))
-            _ip("addr", "add", f"{self.bridge_addr}/{prefix}", "dev", self.bridge)
-            _ip("link", "set", self.bridge, "up")
+            _ip("netns", "add", sw)
+            self.made.append(("netns", sw))
+            _ip("-n", sw, "link", "set", "lo", "up")
+            _ip("-n", sw, "link", "add", self.bridge, "type", "bridge")
+            _ip("-n", sw, "addr", "add", f"{self.bridge_addr}/{prefix}", "dev", self.bridge)
+            _ip("-n", sw, "link", "set", self.bridge, "up")
             hosts = "127.0.0.1 localhost\n" + f"{self.bridge_addr} {controller_host}\n" + "".join(
                 f"{self.addr(n)} {n}\n" for n in self.names)
             for n in self.names:
                 ns = self.netns[n]
                 _ip("netns", "add", ns)
                 self.made.append(("netns", ns))
-                _ip("link", "add", self.veth[n], "type", "veth", "peer", "name", "eth0", "netns", ns)
-                _ip("link", "set", self.veth[n], "master", self.bridge, "up")
+                _ip("-n", sw, "link", "add", self.veth[n], "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _ip("-n", sw, "link", "set", self.veth[n], "master", self.bridge, "up")
                 _ip("-n", ns, "addr", "add", f"{self.addr(n)}/{prefix}", "dev", "eth0")
                 _ip("-n", ns, "link", "set", "eth0", "up")
                 _ip("-n", ns, "link", "set", "lo", "up")
@@ -149,12 +162,9 @@ class Nodes:
                 "bash", "-c", script, "node-init", *argv]
 
     def counters(self) -> dict[str, int]:
-        """Bytes each node has sent and received over its veth so far (its host-side end's rx + tx)."""
-        out = {}
-        for n, v in self.veth.items():
-            stats = Path("/sys/class/net") / v / "statistics"
-            out[n] = int((stats / "rx_bytes").read_text()) + int((stats / "tx_bytes").read_text())
-        return out
+        """Bytes each node has sent and received over its veth so far (its switch-side end's rx + tx)."""
+        links = {d["ifname"]: d["stats64"] for d in json.loads(_ip("-n", self.switch, "-j", "-s", "link", "show").stdout)}
+        return {n: links[v]["rx"]["bytes"] + links[v]["tx"]["bytes"] for n, v in self.veth.items()}
 
     def remove(self):
         """Delete the namespaces (their veths go with them) and the bridge. Never raises."""

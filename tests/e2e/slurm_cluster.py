@@ -2,7 +2,8 @@
 packages (slurm-wlm 22.05, munge), everything under one temporary directory, torn down after.
 One node: slurmd on localhost. Several (``Cluster(d, nodes=3)``): one slurmd per node, each in its
 own network, UTS, mount, IPC and PID namespaces on a bridge (tests/e2e/netns_nodes.py), with
-``NodeAddr`` per node, slurmctld on the bridge's address, spool, log and pid files per node
+``NodeAddr`` per node, slurmctld on the bridge's address (it and the clients, through
+:meth:`Cluster._run`, in the bridge's namespace), spool, log and pid files per node
 (``%n``); :meth:`Cluster.kill_node` loses a node, :meth:`Cluster.start_node` brings it back.
 
 Nothing here touches the system's Slurm or MUNGE set-up: the daemons get their own key, socket,
@@ -206,7 +207,7 @@ class Cluster:
                 node_lines=node_lines, nodes=",".join(self.nodes), ctld_port=_free_port(), d_port=_free_port(),
                 **self.settings))
             self._start_munge(timeout)
-            self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+            self._spawn("slurmctld", self._in_switch(["slurmctld", "-D", "-f", str(self.conf)]))
             self._wait(lambda: "UP" in self._out("scontrol", "ping"), timeout, "slurmctld")
             for n in self.nodes:
                 self.start_node(n, timeout=None)
@@ -324,8 +325,12 @@ class Cluster:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
+    def _in_switch(self, argv: list[str]) -> list[str]:
+        """Several nodes: slurmctld and the clients run in the bridge's network namespace."""
+        return ["nsenter", f"--net={self.net.switch_path}", *argv] if self.net else list(argv)
+
     def _run(self, *argv, timeout=30, env=None, cwd=None):
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+        return subprocess.run(self._in_switch(list(argv)), capture_output=True, text=True, timeout=timeout,
                               env=env or self.env(), cwd=cwd)
 
     def _out(self, *argv):

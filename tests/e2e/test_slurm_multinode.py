@@ -15,7 +15,6 @@ time, about 2.5 CPU-minutes, on 2 cores shared with other work (load 8 to 12).
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -84,7 +83,7 @@ def long_ref(tmp_path_factory):
 
 
 def srun(cluster, *argv, timeout=120):
-    p = subprocess.run(["srun", *argv], check=False, capture_output=True, text=True, timeout=timeout, env=cluster.env())
+    p = cluster._run("srun", *argv, timeout=timeout)
     assert p.returncode == 0, p.stderr
     return p.stdout
 
