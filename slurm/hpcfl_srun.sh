@@ -4,7 +4,7 @@
 #
 #   hpcfl_srun SRUN_OPTIONS... PROGRAM...
 #
-# runs `srun --kill-on-bad-exit=0 SRUN_OPTIONS... PROGRAM...` and ends the batch script with the
+# runs `srun --kill-on-bad-exit=0 --wait=120 SRUN_OPTIONS... PROGRAM...` and ends the batch script with the
 # ranks' exit code:
 #   0    finished;
 #   75   stopped early with a checkpoint in $OUT (USR1 before the time limit, scancel --signal=TERM,
@@ -17,8 +17,10 @@
 #
 # --kill-on-bad-exit=0: every rank exits 75 after the checkpoint; with =1 the first rank out could
 # get the rest killed and srun would report 137, not 75. A rank that dies still ends the step:
-# python -m mpi4py aborts the whole MPI world on an uncaught exception (a lost peer is one), and
-# the engine's watchdog (watchdog.timeout_s) ends a run whose ranks stop answering.
+# python -m mpi4py aborts the whole MPI world on an uncaught exception, and --wait=120 has srun
+# kill the tasks still running 120 s after the first one ended (the ranks of a stop exit within
+# seconds of each other; a rank that failed in MPI_Init left the others waiting for ever); the
+# engine's watchdog (watchdog.timeout_s) ends a run whose ranks stop answering.
 
 # shellcheck shell=bash
 
@@ -26,7 +28,7 @@ hpcfl_srun() {
     local restarts=${SLURM_RESTART_COUNT:-0} max=${MAX_REQUEUES:-5} pid='' rc
     echo "hpcfl: job ${SLURM_JOB_ID:-?} attempt $((restarts + 1)), out $OUT"
     trap 'echo "hpcfl: got USR1, asking the ranks to checkpoint and stop"; [ -n "$pid" ] && kill -s USR1 "$pid"' USR1
-    srun --kill-on-bad-exit=0 "$@" &
+    srun --kill-on-bad-exit=0 --wait=120 "$@" &
     pid=$!
     while kill -0 "$pid" 2>/dev/null; do
         wait "$pid"                 # returns early (status > 128) each time the trap runs

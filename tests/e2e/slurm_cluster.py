@@ -24,6 +24,10 @@ The configuration (``SLURM_CONF`` below), and why:
   ``cred_expire`` seconds after its requeue (default 120 s), the main scheduling loop runs
   every ``sched_interval`` seconds (default 60 s); ``MinJobAge`` keeps finished jobs visible to
   ``scontrol`` for the whole session;
+- ``FirstJobId`` from the test process's pid: two clusters on one machine (the one-node and the
+  multi-node test files under pytest-xdist) never both have a job 1.0; when they had, one rank of
+  the one-node job failed MPI_Init (UCX "failed to unpack address, invalid bandwidth 0.00": the
+  mpich wheel keys its node-local state by the PMI job and step) and the other waited for ever;
 - ``jobcomp/filetxt``: without slurmdbd there is no ``sacct``; the job completion log has a
   record per attempt (``JobState=PENDING`` for a requeued one) with the final state and exit code.
 """
@@ -85,6 +89,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=500
 JobRequeue=1
+FirstJobId={first_job_id}
 MinJobAge={min_job_age}
 KillWait={kill_wait}
 InactiveLimit=0
@@ -205,6 +210,7 @@ class Cluster:
             self.conf.write_text(SLURM_CONF.format(
                 host=host, ctld_addr=self.net.bridge_addr if self.net else "127.0.0.1", d=self.dir,
                 node_lines=node_lines, nodes=",".join(self.nodes), ctld_port=_free_port(), d_port=_free_port(),
+                first_job_id=1000 * (1 + os.getpid() % 60000) + 100 * len(self.nodes),
                 **self.settings))
             self._start_munge(timeout)
             self._spawn("slurmctld", self._in_switch(["slurmctld", "-D", "-f", str(self.conf)]))

@@ -229,7 +229,10 @@ def test_kill_on_bad_exit_off_so_that_75_arrives(stand, name):
     """Every rank exits 75 after a stop; with =1 the first one out could get the others killed and
     srun would report 137 (not requeued). A dead rank still ends the step: mpi4py aborts the world."""
     stand.run(name)
-    assert [o for o in stand.srun_split()[0] if o.startswith("--kill-on-bad-exit")] == ["--kill-on-bad-exit=0"]
+    opts = stand.srun_split()[0]
+    assert [o for o in opts if o.startswith("--kill-on-bad-exit")] == ["--kill-on-bad-exit=0"]
+    # but a rank that ends (say, failed in MPI_Init) must not leave the others running for ever
+    assert [o for o in opts if o.startswith("--wait")] == ["--wait=120"]
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
