@@ -26,8 +26,8 @@ The configuration (``SLURM_CONF`` below), and why:
   ``scontrol`` for the whole session;
 - ``FirstJobId`` from the test process's pid: two clusters on one machine (the one-node and the
   multi-node test files under pytest-xdist) never both have a job 1.0; when they had, one rank of
-  the one-node job failed MPI_Init (UCX "failed to unpack address, invalid bandwidth 0.00": the
-  mpich wheel keys its node-local state by the PMI job and step) and the other waited for ever;
+  the one-node job failed MPI_Init (UCX "failed to unpack address, invalid bandwidth 0.00";
+  presumably state keyed by the PMI job and step ID) and the other waited for ever;
 - ``jobcomp/filetxt``: without slurmdbd there is no ``sacct``; the job completion log has a
   record per attempt (``JobState=PENDING`` for a requeued one) with the final state and exit code.
 """
