@@ -8,7 +8,7 @@
 # ranks' exit code:
 #   0    finished;
 #   75   stopped early with a checkpoint in $OUT (USR1 before the time limit, scancel --signal=TERM,
-#        a stalled rank): requeue this job (`scontrol requeue`; the next attempt resumes from the
+#        a stalled rank: srun then reports 137, and $OUT/.hpcfl-stalled tells it apart): requeue this job (`scontrol requeue`; the next attempt resumes from the
 #        checkpoint), at most MAX_REQUEUES times (default 5; SLURM_RESTART_COUNT counts them);
 #   2    bad input (fix the job file), anything else a failure: not requeued.
 # The templates' `#SBATCH --signal=B:USR1@<seconds>` sends USR1 to this batch shell only; it is
@@ -35,6 +35,16 @@ hpcfl_srun() {
     done
     wait "$pid"                     # srun has exited: this gives its exit code
     rc=$?
+    # A rank froze and the watchdog ended the job: it exits 75 through MPI_Abort, which srun
+    # reports as 137 after killing every task; the watchdog leaves .hpcfl-stalled in the run's
+    # folder (a sweep's: a point's) first, and a run removes it when it starts.
+    local stalled
+    stalled=$(ls -1 "$OUT"/.hpcfl-stalled "$OUT"/*/.hpcfl-stalled 2>/dev/null | head -n 1)
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 2 ] && [ "$rc" -ne 75 ] && [ -n "$stalled" ]; then
+        echo "hpcfl: exit code $rc after the watchdog ended a stalled run ($stalled):" \
+             "$(head -c 300 "$stalled")"
+        rc=75
+    fi
     case $rc in
     0)
         echo "hpcfl: finished"

@@ -48,6 +48,20 @@ def test_no_requeue_on_bad_input_or_failure(stand, name, code):
     assert stand.argv("scontrol") is None
 
 
+@pytest.mark.parametrize("point", ["", "fedavg_seed-0"])
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_stall_ended_by_the_watchdog_requeues(stand, name, point):
+    """Under srun the watchdog's exit 75 reads 137 (MPI_Abort: srun kills every task); the
+    .hpcfl-stalled note it leaves in the run's folder (a sweep point's) makes it a requeue."""
+    out = stand.dir / "out"
+    (out / point).mkdir(parents=True, exist_ok=True)
+    (out / point / ".hpcfl-stalled").write_text("rank 1 stalled in phase train of round 7")
+    p = stand.run(name, STANDIN_EXIT=137, SLURM_RESTART_COUNT=0, OUT=out)
+    assert p.returncode == 75, p.output
+    assert stand.argv("scontrol") == ["requeue", "12345"]
+    assert "rank 1 stalled in phase train of round 7" in p.output
+
+
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_cap_reached(stand, name):
     p = stand.run(name, STANDIN_EXIT=75, SLURM_RESTART_COUNT=5)
