@@ -19,7 +19,6 @@ import threading
 import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import numpy as np
 import pytest
 from test_data_files import write_cifar10, write_mnist
 
@@ -266,6 +265,7 @@ def test_a_file_copied_in_by_hand_needs_no_network(tmp_path, monkeypatch, capsys
         url = m.url
     rc, out, err = get("cifar10", root, url, capsys)   # the server is gone: nothing is fetched
     assert rc == 0, err
+    assert "is complete" in out
     assert sorted(os.listdir(root)) == ["cifar-10-batches-py"]
 
 
@@ -283,7 +283,8 @@ def test_every_paper_job_names_its_download_and_cpu_stand_in():
     jobs = sorted(glob.glob(os.path.join(ROOT, "jobs", "papers", "*.toml")))
     assert len(jobs) >= 20
     for path in jobs:
-        text = open(path).read()
+        with open(path) as f:
+            text = f.read()
         name = tomllib.loads(text)["data"]["dataset"]
         if name in sources.SOURCES:
             assert f"hpcfl data get {name} --root" in text, path
