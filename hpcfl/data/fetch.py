@@ -110,6 +110,9 @@ def download(url: str, part: str, say: Callable[[str], None], opener=urllib.requ
         elif resumed:
             say(f"  resuming after {have:,} bytes")
         got = have if resumed else 0
+        length = resp.headers.get("Content-Length")
+        total = got + int(length) if length is not None else None
+        tenth = got * 10 // total if total else 0
         try:
             with open(part, "ab" if resumed else "wb") as f:
                 while True:
@@ -118,11 +121,13 @@ def download(url: str, part: str, say: Callable[[str], None], opener=urllib.requ
                         break
                     f.write(block)
                     got += len(block)
+                    if total and got * 10 // total > tenth and got < total:   # a line per tenth: minutes on 2 GB
+                        tenth = got * 10 // total
+                        say(f"  {10 * tenth}% ({got / 1e6:,.0f} of {total / 1e6:,.0f} MB)")
         except (OSError, http.client.HTTPException) as e:   # a reset, a timeout, IncompleteRead
             raise DataError(f"the download of {url} broke off after {got:,} bytes ({type(e).__name__}); "
                             "run the same command again to resume it") from None
-        length = resp.headers.get("Content-Length")
-        if length is not None and got - (have if resumed else 0) < int(length):
+        if total is not None and got < total:
             raise DataError(f"the download of {url} broke off after {got:,} bytes; run the same command again "
                             "to resume it")
 
