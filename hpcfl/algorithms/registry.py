@@ -20,6 +20,7 @@ Defaults a policy needs to run at all (docs/algorithms/README.md, "Presets"):
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,3 +142,68 @@ PRESETS = {
     "custom": {},
 }
 SLOTS = {"local": LOCAL, "steps": STEPS, "weights": WEIGHTS, "server": SERVER}
+
+# Legend words of each preset and policy, beside their registry entries: figures and captions
+# (analysis/words.py) read them from here, so a new algorithm needs no edit outside its own lines.
+LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fednova": "FedNova",
+          "feddisco": "FedDisco", "fedgsnr": "FedGSNR", "fedlga": "FedLGA", "feddyn": "FedDyn", "gift": "GIFT",
+          "adacomm": "AdaComm", "afl": "AFL", "custom": "custom"}
+SLOT_LABELS = {
+    "local": {"sgd": "local SGD", "prox": "proximal local SGD", "scaffold": "SCAFFOLD variates",
+              "vr": "variance reduction", "dyn": "FedDyn local"},
+    "weights": {"size": "size weights", "uniform": "uniform weights", "disco": "FedDisco weights"},
+    "server": {"average": "averaging", "nova": "FedNova aggregation", "lga": "FedLGA aggregation",
+               "dyn": "FedDyn server"},
+    "steps": {"epochs": "E epochs", "fixed": "K fixed steps", "client_steps": "steps per client",
+              "gsnr": "FedGSNR steps", "straggler": "stragglers", "gift": "GIFT tau", "adacomm": "AdaComm tau",
+              "afl": "AFL tau"},
+}
+
+
+def register(slot: str, name: str, factory, options: type | None = None, label: str | None = None) -> None:
+    """Add policy ``name`` to ``slot`` (``local``, ``steps``, ``weights`` or ``server``), as one
+    more line in that table would: ``factory(b: Build) -> policy``; ``options`` is the dataclass
+    of its ``[algorithm.<name>]`` table; ``label`` its words in legends (default: the name).
+
+    For a module outside hpcfl: call it at the module's top level and name the module in
+    ``HPCFL_ALGORITHMS`` (docs/architecture.md, "Adding an algorithm").
+    """
+    if slot not in SLOTS:
+        raise ValueError(f"register: slot {slot!r} is not one of {', '.join(SLOTS)}")
+    if name in SLOTS[slot] or (options is not None and name in OPTIONS):
+        raise ValueError(f"register: {slot} policy {name!r} is already registered; choose another name")
+    SLOTS[slot][name] = factory
+    if options is not None:
+        OPTIONS[name] = options
+    SLOT_LABELS[slot][name] = label or name
+
+
+def register_preset(name: str, slots: dict[str, str], label: str | None = None) -> None:
+    """Add preset ``name`` (``[algorithm] name = ...``) filling the given slots; ``label`` for legends."""
+    if name in PRESETS:
+        raise ValueError(f"register_preset: preset {name!r} is already registered; choose another name")
+    unknown = [f"{k} = {v!r}" for k, v in slots.items() if k not in SLOTS or v not in SLOTS[k]]
+    if unknown:
+        raise ValueError(f"register_preset {name!r}: {', '.join(unknown)} is not a registered policy")
+    PRESETS[name] = dict(slots)
+    LABELS[name] = label or name
+
+
+ALGORITHMS_ENV = "HPCFL_ALGORITHMS"
+
+
+def _import_plugins() -> None:
+    """Import the modules named in ``$HPCFL_ALGORITHMS`` (comma-separated), which call :func:`register`.
+
+    Here, at the end of the registry, so that every reader of the tables (the job's checks, the
+    engine, the legends) sees them, on every rank alike (mpiexec passes the environment on).
+    """
+    for module in filter(None, (m.strip() for m in os.environ.get(ALGORITHMS_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ImportError(f"${ALGORITHMS_ENV} names {module!r}, which cannot be imported ({e}); put its folder "
+                              f"on PYTHONPATH or unset {ALGORITHMS_ENV}") from e
+
+
+_import_plugins()

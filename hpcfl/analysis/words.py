@@ -10,19 +10,12 @@ from __future__ import annotations
 
 import json
 
-PRESETS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fednova": "FedNova",
-           "feddisco": "FedDisco", "fedgsnr": "FedGSNR", "fedlga": "FedLGA", "feddyn": "FedDyn", "gift": "GIFT",
-           "adacomm": "AdaComm", "afl": "AFL", "custom": "custom"}
-SLOTS = {
-    "algorithm.local": {"sgd": "local SGD", "prox": "proximal local SGD", "scaffold": "SCAFFOLD variates",
-                        "vr": "variance reduction", "dyn": "FedDyn local"},
-    "algorithm.weights": {"size": "size weights", "uniform": "uniform weights", "disco": "FedDisco weights"},
-    "algorithm.server": {"average": "averaging", "nova": "FedNova aggregation", "lga": "FedLGA aggregation",
-                         "dyn": "FedDyn server"},
-    "algorithm.steps": {"epochs": "E epochs", "fixed": "K fixed steps", "client_steps": "steps per client",
-                        "gsnr": "FedGSNR steps", "straggler": "stragglers", "gift": "GIFT tau",
-                        "adacomm": "AdaComm tau", "afl": "AFL tau"},
-}
+from ..algorithms import registry
+
+# The presets' and policies' words are declared beside their registry entries (a new algorithm
+# brings its own); these are the same dicts, so a policy registered later is found too.
+PRESETS = registry.LABELS
+SLOTS = {f"algorithm.{slot}": words for slot, words in registry.SLOT_LABELS.items()}
 # "{}" is the value
 KEYS = {"algorithm.lr": "lr {}", "algorithm.mu": "mu = {}", "algorithm.momentum": "momentum {}",
         "algorithm.server_lr": "server lr {}", "algorithm.server_momentum": "server momentum {}",
@@ -52,6 +45,10 @@ def _random_epochs(flat: dict) -> str:
 def key_words(key: str, flat: dict) -> str:
     """One grouping key of one run (its flattened config ``flat``) in words."""
     v = flat.get(key)
+    parts = key.split(".")
+    if (v is None and len(parts) == 3 and parts[0] == "algorithm" and parts[1] in registry.OPTIONS
+            and parts[1] not in {flat.get(f"algorithm.{slot}") for slot in registry.SLOTS}):
+        return ""   # an option of a policy this run does not use: nothing to say ("FedAvg", not "FedAvg, q unset")
     if v is None:
         return f"{key.rsplit('.', 1)[-1]} unset"
     if key == "algorithm.name":
@@ -69,7 +66,7 @@ def key_words(key: str, flat: dict) -> str:
 
 def group_words(keys: list[str], flat: dict) -> str:
     """A group's legend entry: its grouping keys in words, each idea once (``FedNova, lr 0.1``)."""
-    parts = list(dict.fromkeys(key_words(k, flat) for k in keys))
+    parts = [p for p in dict.fromkeys(key_words(k, flat) for k in keys) if p]
     return ", ".join(parts) or "all runs"
 
 

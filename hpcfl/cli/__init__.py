@@ -1,4 +1,4 @@
-"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench | export``.
+"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench | export | data``.
 
 ``run`` is :mod:`hpcfl.cli.run`; ``info`` and ``partition`` are here; the others live in their
 own modules (:data:`EXTERNAL`). Exit codes of ``hpcfl run``: 0 finished (or already finished),
@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
 # Commands that live in their own modules: each has add_parser(subparsers) and
 # main(args, comm) -> exit code, and imports nothing heavy at module level.
 EXTERNAL = {"report": "hpcfl.cli.report", "plot": "hpcfl.cli.plot", "sweep": "hpcfl.cli.sweep",
-            "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench", "export": "hpcfl.cli.export"}
+            "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench", "export": "hpcfl.cli.export",
+            "data": "hpcfl.cli.data_cmd"}
 
 
 def cmd_info(args, comm) -> int:

@@ -27,6 +27,8 @@ from ..inputs import open_regular
 from . import safe_pickle
 from .augment import normalize_images
 from .datasets import Dataset, DatasetSpec, check_arrays
+from .sources import get_hint
+
 
 def _open(path: str, expected: str):
     """``path`` for reading, if it is a regular file (a FIFO would block start-up: :mod:`hpcfl.inputs`)."""
@@ -95,22 +97,26 @@ def _find_dir(root: str, marker: str, candidates: tuple[str, ...], what: str) ->
         if os.path.exists(os.path.join(d, marker)):
             return d
     raise DataError(f"{what}: no {marker} found in any of {', '.join(tried)}; "
-                    f"set data.root to the directory that holds the extracted files")
+                    f"set data.root to the directory that holds the extracted files{get_hint(what)}")
 
 
 def _need_root(root: str | None, name: str, what: str) -> str:
     if root is None:
-        raise ConfigError(f"data.root is not set; dataset {name!r} reads {what} from it")
+        raise ConfigError(f"data.root is not set; dataset {name!r} reads {what} from it{get_hint(name)}")
     if not os.path.isdir(root):
-        raise DataError(f"data.root = {root!r} is not a directory (dataset {name!r} reads {what} from it)")
+        raise DataError(f"data.root = {root!r} is not a directory (dataset {name!r} reads {what} from it)"
+                        f"{get_hint(name)}")
     return root
 
 
-def root_check(name: str, what: str):
-    """The ``DatasetSpec.files`` check of a dataset that reads ``what`` from ``data.root``."""
+def root_check(name: str, what: str, find=None):
+    """The ``DatasetSpec.files`` check of a dataset that reads ``what`` from ``data.root``;
+    ``find(opts, root)``, when given, looks for its first file there (stat calls only)."""
     def check(opts, root: str | None) -> list[str]:
         try:
             _need_root(root, name, what)
+            if find is not None:
+                find(opts, root)
         except HpcflError as exc:
             return [str(exc).removeprefix("config error: ")]
         return []
@@ -267,18 +273,18 @@ def read_idx(path: str, ndim: int | None = None) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=4 + 4 * nd).reshape(dims).astype(dtype.newbyteorder("="))
 
 
-def _find_file(dirs: list[str], stem: str) -> str:
+def _find_file(dirs: list[str], stem: str, name: str = "") -> str:
     for d in dirs:
-        for name in (stem, stem + ".gz"):
-            p = os.path.join(d, name)
+        for file in (stem, stem + ".gz"):
+            p = os.path.join(d, file)
             if os.path.exists(p):
                 return p
     raise DataError(f"missing file {stem}[.gz]; looked in {', '.join(dirs)}; "
-                    "set data.root to the directory that holds the IDX files")
+                    f"set data.root to the directory that holds the IDX files{get_hint(name)}")
 
 
-def _load_idx_pair(dirs, img_stem, lbl_stem):
-    img_path, lbl_path = _find_file(dirs, img_stem), _find_file(dirs, lbl_stem)
+def _load_idx_pair(dirs, img_stem, lbl_stem, name=""):
+    img_path, lbl_path = _find_file(dirs, img_stem, name), _find_file(dirs, lbl_stem, name)
     x, y = read_idx(img_path, 3), read_idx(lbl_path, 1)
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{img_path} has {x.shape[0]} images but {lbl_path} has {y.shape[0]} labels")
@@ -303,12 +309,30 @@ class EmnistOptions(ImageNormOptions):
         "help": "transpose the images to MNIST's orientation (EMNIST stores them transposed)"})
 
 
+def _EMNIST_DIRS(root):
+    return [root, os.path.join(root, "gzip"), os.path.join(root, "EMNIST", "raw")]
+
+
+_MNIST_DIRS = ("", "MNIST/raw", "mnist")
+_FASHION_DIRS = ("", "FashionMNIST/raw", "fashion_mnist", "fashion-mnist")
+
+
+def _idx_find(name: str, subdirs: tuple[str, ...]):
+    def find(opts, root):
+        _find_file([os.path.join(root, s) if s else root for s in subdirs], "train-images-idx3-ubyte", name)
+    return find
+
+
+def _emnist_find(opts, root):
+    _find_file(_EMNIST_DIRS(root), f"emnist-{opts.split}-train-images-idx3-ubyte", "emnist")
+
+
 def _idx_loader(name: str, subdirs: tuple[str, ...]):
     def load(opts: MnistOptions, root: str | None, seed: int) -> Dataset:
         root = _need_root(root, name, "IDX files")
         dirs = [os.path.join(root, s) if s else root for s in subdirs]
-        xtr, ytr, where = _load_idx_pair(dirs, "train-images-idx3-ubyte", "train-labels-idx1-ubyte")
-        xte, yte, _ = _load_idx_pair(dirs, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+        xtr, ytr, where = _load_idx_pair(dirs, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", name)
+        xte, yte, _ = _load_idx_pair(dirs, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", name)
         return _image_dataset(name, opts, xtr[:, None], ytr, xte[:, None], yte, 10, False, where)
 
     return load
@@ -321,10 +345,10 @@ def load_emnist(opts: EmnistOptions, root: str | None, seed: int) -> Dataset:
     ``letters`` labels 1..26 are shifted to 0..25.
     """
     root = _need_root(root, "emnist", "IDX files")
-    dirs = [root, os.path.join(root, "gzip"), os.path.join(root, "EMNIST", "raw")]
+    dirs = _EMNIST_DIRS(root)
     s = f"emnist-{opts.split}"
-    xtr, ytr, where = _load_idx_pair(dirs, f"{s}-train-images-idx3-ubyte", f"{s}-train-labels-idx1-ubyte")
-    xte, yte, _ = _load_idx_pair(dirs, f"{s}-test-images-idx3-ubyte", f"{s}-test-labels-idx1-ubyte")
+    xtr, ytr, where = _load_idx_pair(dirs, f"{s}-train-images-idx3-ubyte", f"{s}-train-labels-idx1-ubyte", "emnist")
+    xte, yte, _ = _load_idx_pair(dirs, f"{s}-test-images-idx3-ubyte", f"{s}-test-labels-idx1-ubyte", "emnist")
     if opts.split == "letters":
         ytr, yte = ytr - 1, yte - 1
     if opts.transpose:
@@ -404,17 +428,19 @@ def load_npz(opts: NpzOptions, root: str | None, seed: int) -> Dataset:
 
 ON_DISK = {
     "cifar10": DatasetSpec(Cifar10Options, load_cifar10, "CIFAR-10 python batches (cifar-10-batches-py)",
-                           files=root_check("cifar10", "cifar-10-batches-py")),
+                           files=root_check("cifar10", "cifar-10-batches-py", lambda o, r: _find_dir(
+                               r, "data_batch_1", ("cifar-10-batches-py", ""), "cifar10"))),
     "cifar100": DatasetSpec(Cifar100Options, load_cifar100, "CIFAR-100 python files (cifar-100-python)",
-                            files=root_check("cifar100", "cifar-100-python")),
-    "mnist": DatasetSpec(MnistOptions, _idx_loader("mnist", ("", "MNIST/raw", "mnist")), "MNIST IDX files",
-                         files=root_check("mnist", "IDX files")),
+                            files=root_check("cifar100", "cifar-100-python", lambda o, r: _find_dir(
+                                r, "train", ("cifar-100-python", ""), "cifar100"))),
+    "mnist": DatasetSpec(MnistOptions, _idx_loader("mnist", _MNIST_DIRS), "MNIST IDX files",
+                         files=root_check("mnist", "IDX files", _idx_find("mnist", _MNIST_DIRS))),
     "fashion_mnist": DatasetSpec(
-        MnistOptions, _idx_loader("fashion_mnist", ("", "FashionMNIST/raw", "fashion_mnist", "fashion-mnist")),
-        "Fashion-MNIST IDX files", files=root_check("fashion_mnist", "IDX files"),
+        MnistOptions, _idx_loader("fashion_mnist", _FASHION_DIRS), "Fashion-MNIST IDX files",
+        files=root_check("fashion_mnist", "IDX files", _idx_find("fashion_mnist", _FASHION_DIRS)),
     ),
     "emnist": DatasetSpec(EmnistOptions, load_emnist, "EMNIST IDX files of one split (emnist-<split>-...)",
-                          files=root_check("emnist", "IDX files")),
+                          files=root_check("emnist", "IDX files", _emnist_find)),
     "npz": DatasetSpec(NpzOptions, load_npz, "generic .npz with x, y (and optionally x_test, y_test)",
                        files=_npz_files),
 }

@@ -337,6 +337,8 @@ SPEECH = {
     "speech_commands": DatasetSpec(
         SpeechOptions, load_speech_commands,
         "Google Speech Commands keywords (GIFT KWS): (98, 40) log-mel or MFCC frames from the WAV folders",
-        load_speech_commands_labels, files=root_check("speech_commands", "speech_commands_v0.02"),
+        load_speech_commands_labels, files=root_check(
+            "speech_commands", "speech_commands_v0.02",
+            lambda o, r: _find_dir(r, "testing_list.txt", FOLDERS, "speech_commands")),
     ),
 }

@@ -2,6 +2,7 @@
 dataset's missing files among them, and the nearest valid name for a misspelt one."""
 
 import pytest
+from test_data_files import write_cifar10
 
 from hpcfl import config
 from hpcfl.errors import ConfigError, nearest
@@ -34,14 +35,18 @@ def test_a_missing_data_folder_is_reported_with_the_config_errors(tmp_path):
         "unknown key run.roundz; did you mean run.rounds?",
         "algorithm.name = 'fedavgg' is not valid; did you mean 'fedavg'? (or one of " + found[1].split("(or one of ")[1],
         f"data.root = '{tmp_path / 'nowhere'}' is not a directory (dataset 'cifar10' reads cifar-10-batches-py "
-        f"from it)",
+        f"from it); to download it: hpcfl data get cifar10 --root DIR, then data.root = DIR (hpcfl data list shows "
+        f"the sources); to run without it on a CPU: --set data.dataset=synthetic_images",
     ]
 
 
 def test_the_file_check_is_only_for_commands_that_read_the_data(tmp_path):
     assert len(problems(tmp_path, CIFAR.format(root=tmp_path / "nowhere"), files=False)) == 2
     (tmp_path / "here").mkdir()
-    assert len(problems(tmp_path, CIFAR.format(root=tmp_path / "here"))) == 2   # the folder is there
+    found = problems(tmp_path, CIFAR.format(root=tmp_path / "here"))   # the folder is there, empty
+    assert len(found) == 3 and found[2].startswith(f"cifar10: no data_batch_1 found in any of {tmp_path / 'here'}")
+    write_cifar10(str(tmp_path / "here"))
+    assert len(problems(tmp_path, CIFAR.format(root=tmp_path / "here"))) == 2   # the batches are there
 
 
 def test_an_npz_file_that_is_not_there(tmp_path):

@@ -74,7 +74,7 @@ def variables_in_code() -> set[str]:
     found = set()
     for path in (ROOT / "hpcfl").rglob("*.py"):
         src = path.read_text()
-        if "environ" in src:
+        if "environ" in src or "_ENV = " in src:   # a module may name a variable another one reads
             found |= {n.value for n in ast.walk(ast.parse(src))
                       if isinstance(n, ast.Constant) and isinstance(n.value, str) and _NAME.match(n.value)}
     return found - SYSCONF
