@@ -38,8 +38,10 @@ hpcfl_srun() {
     # A rank froze and the watchdog ended the job: it exits 75 through MPI_Abort, which srun
     # reports as 137 after killing every task; the watchdog leaves .hpcfl-stalled in the run's
     # folder (a sweep's: a point's) first, and a run removes it when it starts.
-    local stalled
-    stalled=$(ls -1 "$OUT"/.hpcfl-stalled "$OUT"/*/.hpcfl-stalled 2>/dev/null | head -n 1)
+    local stalled='' f
+    for f in "$OUT"/.hpcfl-stalled "$OUT"/*/.hpcfl-stalled; do
+        if [ -f "$f" ]; then stalled=$f; break; fi
+    done
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 2 ] && [ "$rc" -ne 75 ] && [ -n "$stalled" ]; then
         echo "hpcfl: exit code $rc after the watchdog ended a stalled run ($stalled):" \
              "$(head -c 300 "$stalled")"
