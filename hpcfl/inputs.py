@@ -1,7 +1,7 @@
 """Opening the user's input files: regular files only, checked before a read can block.
 
 A FIFO named as a data file hung start-up for good: ``open()`` of a FIFO waits for a writer,
-and the stop handler only sets a flag, so SIGTERM was retried into the same wait (issue 37.3).
+and the stop handler only sets a flag, so SIGTERM was retried into the same wait.
 A character device (``/dev/zero``, a terminal) or a folder is no data file either. So a file is
 opened with ``O_NONBLOCK`` (which never waits, whatever the file is), checked with ``fstat`` to
 be a regular file, and only then read (in blocking mode again). Every reader of users' data files

@@ -27,7 +27,7 @@ _requested: list = []   # names of the signals received by this process
 # and found its data), so a stop during it may end the process at once. It usually ends by itself
 # at the check after start-up, with a clean message; but a process blocked there (reading a file
 # that never ends, a hung network file system, a peer that never comes) never reaches that check,
-# and the flag alone left it deaf to SIGTERM (issue 37.3). So a stop signal during start-up also
+# and the flag alone left it deaf to SIGTERM. So a stop signal during start-up also
 # starts a watcher thread: from STARTUP_GRACE_S after the signal, once the main thread has stood
 # still (the same frame at the same instruction: blocked in a system call or in C) for
 # STARTUP_STILL_S, the process exits STARTUP_EXIT at once. A start-up that is only slow, still
