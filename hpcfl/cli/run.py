@@ -376,7 +376,7 @@ def _run(args, comm) -> int:
                                manifest={"world_size": comm.size, "config_sha256": cfg.digest(),
                                          "versions": versions()}, before=writer.sync if comm.rank == 0 else None)
         if comm.rank == 0 and failure is not None:   # a swapped checkpoint folder is the user's to fix: exit 2
-            failure = (failure, EXIT_INPUT if isinstance(resume.write.last_error, DirectoryMoved) else EXIT_WRITE)
+            failure = (str(failure), EXIT_INPUT if isinstance(failure, DirectoryMoved) else EXIT_WRITE)
         if comm.rank == 0 and failure is None and aside is not None:   # the new run can now resume on its own
             shutil.rmtree(aside, ignore_errors=True)
             print(f"hpcfl: deleted the previous run set aside in {aside}", flush=True)

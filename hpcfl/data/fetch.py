@@ -143,6 +143,19 @@ def _safe_name(name: str, archive: str) -> str:
     return norm
 
 
+def _write_members(members, into: str, path: str) -> None:
+    """Write an archive's checked members under ``into``: ``members`` gives (name, is a folder,
+    a function opening the member's bytes), for tar and zip alike."""
+    for name, is_dir, opener in members:
+        target = os.path.join(into, _safe_name(name, path))
+        if is_dir:
+            os.makedirs(target, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with opener() as src, open(target, "wb") as out:
+            shutil.copyfileobj(src, out, _BLOCK)
+
+
 def _unpack_tar(path: str, into: str) -> None:
     try:
         with tarfile.open(path, "r:*") as tf:
@@ -153,15 +166,7 @@ def _unpack_tar(path: str, into: str) -> None:
                     kind = "a link" if (m.issym() or m.islnk()) else "a device or pipe"
                     raise DataError(f"{path}: member {m.name!r} is {kind}; refusing the archive (hpcfl unpacks "
                                     "only plain files and folders)")
-            for m in members:
-                target = os.path.join(into, _safe_name(m.name, path))
-                if m.isdir():
-                    os.makedirs(target, exist_ok=True)
-                    continue
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                src = tf.extractfile(m)
-                with src, open(target, "wb") as out:
-                    shutil.copyfileobj(src, out, _BLOCK)
+            _write_members(((m.name, m.isdir(), lambda m=m: tf.extractfile(m)) for m in members), into, path)
     except (tarfile.TarError, EOFError, OSError) as e:
         raise DataError(f"{path} is not a readable tar archive ({type(e).__name__}: {e})") from None
 
@@ -176,14 +181,7 @@ def _unpack_zip(path: str, into: str) -> None:
                 if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                     raise DataError(f"{path}: member {info.filename!r} is a link or special file; refusing the "
                                     "archive (hpcfl unpacks only plain files and folders)")
-            for info in infos:
-                target = os.path.join(into, _safe_name(info.filename, path))
-                if info.is_dir():
-                    os.makedirs(target, exist_ok=True)
-                    continue
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with zf.open(info) as src, open(target, "wb") as out:
-                    shutil.copyfileobj(src, out, _BLOCK)
+            _write_members(((i.filename, i.is_dir(), lambda i=i: zf.open(i)) for i in infos), into, path)
     except (zipfile.BadZipFile, EOFError, OSError) as e:
         raise DataError(f"{path} is not a readable zip archive ({type(e).__name__}: {e})") from None
 

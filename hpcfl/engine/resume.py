@@ -118,29 +118,26 @@ def _rank0_arrays(s, x) -> dict:
     return arrays
 
 
-def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict, before=None) -> str | None:
+def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict, before=None) -> HpcflError | None:
     """Collective: checkpoint ``round`` into ``store`` (rank 0's), the rows streamed rank by rank.
 
     Rank 0 holds its own rows and one block (``hpcfl.io.ckptblocks.BLOCK_BYTES``) of
     another rank's at a time, whatever the number of clients and ranks; no rank's rows travel
     as a pickle. ``before``: called on rank 0 first (the results file's sync); an error it raises
-    fails the save the same way. Returns, on rank 0, None or the message of a failed save (older
-    checkpoints untouched); None elsewhere. ``last_error`` on rank 0 keeps the exception, so
-    that a caller can tell a moved folder from a full disk.
+    fails the save the same way. Returns, on rank 0, None or the error of a failed save (older
+    checkpoints untouched; its type tells a moved folder from a full disk); None elsewhere.
     """
     if s.comm.rank != 0:
         _send_tables(s)
         return None
     arrays = _rank0_arrays(s, x)
-    write.last_error = None
     try:
         if before is not None:
             before()
         store.save(round, arrays, meta=meta, manifest=manifest)
         return None
     except HpcflError as exc:
-        write.last_error = exc
-        return str(exc)
+        return exc
     finally:   # the other ranks send their rows whatever happened here: take them all
         for name in sorted(arrays):
             if isinstance(arrays[name], Streamed):
