@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python bench/million_clients_bench.py [--tree /work/main] [--tree .] [--clients 1000000] [--rounds 30]
+    python bench/million_clients_bench.py [--tree OLD_CHECKOUT] [--tree .] [--clients 1000000] [--rounds 30]
 
 Logistic regression on a Gaussian mixture (2 training samples per client, 20 features), FedAvg
 with 100 clients per round, 5 local steps, ``runtime.vectorize = "off"`` (the compiled group

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python bench/round_cost_bench.py [--tree /work/main] [--tree .] [--ranks 2] [--rounds 100 1100]
+    python bench/round_cost_bench.py [--tree OLD_CHECKOUT] [--tree .] [--ranks 2] [--rounds 100 1100]
     python bench/round_cost_bench.py --writer-only [--rounds 0 2000]
 
 Logistic regression on the digits, 10 clients all in every round, one local step, no evaluation:
