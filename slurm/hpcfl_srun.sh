@@ -21,20 +21,60 @@
 # kill the tasks still running 120 s after the first one ended (the ranks of a stop exit within
 # seconds of each other; a rank that failed in MPI_Init left the others waiting for ever); the
 # engine's watchdog (watchdog.timeout_s) ends a run whose ranks stop answering.
+#
+# A launch whose ranks never got through MPI_Init because Slurm's pmi2 plugin misread a PMI-1
+# line is started again, at most HPCFL_LAUNCH_RETRIES times (default 2), in the same allocation.
+# The plugin reads a PMI-1 command with one read() of at most 1024 bytes; MPICH (the mpich wheel)
+# publishes its network address in segments of up to 1,022 hex characters, which with the command's
+# own words can make a line longer than that (how long depends on the address, so some launches
+# fail and others do not). srun then prints "mpi/pmi2: invalid client request" (with "value not
+# properly terminated" or "request not begin with 'cmd='") and the ranks abort in MPI_Init: no rank
+# has started the run, so nothing in $OUT changed and starting again is safe.
 
 # shellcheck shell=bash
 
-hpcfl_srun() {
-    local restarts=${SLURM_RESTART_COUNT:-0} max=${MAX_REQUEUES:-5} pid='' rc
-    echo "hpcfl: job ${SLURM_JOB_ID:-?} attempt $((restarts + 1)), out $OUT"
-    trap 'echo "hpcfl: got USR1, asking the ranks to checkpoint and stop"; [ -n "$pid" ] && kill -s USR1 "$pid"' USR1
-    srun --kill-on-bad-exit=0 --wait=120 "$@" &
+# One srun, its stderr passed on as it comes and also kept in $1 (read for the pmi2 misread);
+# its exit code. USR1 reaches srun through the trap in hpcfl_srun ($pid).
+hpcfl_srun_once() {
+    local errors=$1 tee_pid
+    shift
+    exec 3> >(tee "$errors" >&2)
+    tee_pid=$!
+    srun --kill-on-bad-exit=0 --wait=120 "$@" 2>&3 &
     pid=$!
+    exec 3>&-                       # srun holds the only writer now: tee ends when srun does
     while kill -0 "$pid" 2>/dev/null; do
         wait "$pid"                 # returns early (status > 128) each time the trap runs
     done
     wait "$pid"                     # srun has exited: this gives its exit code
-    rc=$?
+    local rc=$?
+    pid=''
+    wait "$tee_pid" 2>/dev/null     # every line of srun's stderr is in $errors
+    return "$rc"
+}
+
+# what srun prints when Slurm's pmi2 plugin could not parse a rank's PMI-1 line (see above)
+HPCFL_PMI_MISREAD='mpi/pmi2: (invalid client request|value not properly terminated|request not begin with)'
+
+hpcfl_srun() {
+    local restarts=${SLURM_RESTART_COUNT:-0} max=${MAX_REQUEUES:-5} pid='' rc
+    local launches=0 retries=${HPCFL_LAUNCH_RETRIES:-2} stopping='' errors
+    echo "hpcfl: job ${SLURM_JOB_ID:-?} attempt $((restarts + 1)), out $OUT"
+    trap 'stopping=1; echo "hpcfl: got USR1, asking the ranks to checkpoint and stop"; [ -n "$pid" ] && kill -s USR1 "$pid"' USR1
+    errors=$(mktemp "${TMPDIR:-/tmp}/hpcfl-srun.XXXXXX") || errors=/dev/null
+    while :; do
+        hpcfl_srun_once "$errors" "$@"
+        rc=$?
+        launches=$((launches + 1))
+        if [ "$rc" -eq 0 ] || [ "$rc" -eq 2 ] || [ "$rc" -eq 75 ] || [ -n "$stopping" ] ||
+           [ "$launches" -gt "$retries" ] || ! grep -Eq "$HPCFL_PMI_MISREAD" "$errors" 2>/dev/null; then
+            break
+        fi
+        echo "hpcfl: the ranks did not start (exit $rc): Slurm's pmi2 plugin misread an MPI address line" \
+             "longer than the 1024 bytes it reads at once; nothing was run, launching again" \
+             "($launches of at most $retries, HPCFL_LAUNCH_RETRIES)" >&2
+    done
+    [ "$errors" = /dev/null ] || rm -f "$errors"
     # A rank froze and the watchdog ended the job: it exits 75 through MPI_Abort, which srun
     # reports as 137 after killing every task; the watchdog leaves .hpcfl-stalled in the run's
     # folder (a sweep's: a point's) first, and a run removes it when it starts.

@@ -291,3 +291,48 @@ def test_mpiexec_inside_the_allocation_is_one_world(cluster, work):
     log = work.log(jid)
     assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), log
     assert "ranks: 2" in log and "ranks: 1" not in log and "Slurm started" not in log, log
+
+
+# A rank that speaks PMI-1 to Slurm's pmi2 plugin as MPICH does (tests/e2e/test_slurm_cluster.py):
+# the first launch sends a put longer than the 1024 bytes the plugin reads at once, as MPICH's
+# address segments can be, and gives up as MPI_Init does; the next launch sends a well-formed one.
+PMI_RANK = r'''
+import os, socket, sys
+from pathlib import Path
+
+sock = socket.socket(fileno=int(os.environ["PMI_FD"]))
+sock.settimeout(20)
+
+def say(line):
+    sock.sendall(line.encode())
+    return sock.recv(4096).decode()
+
+assert "rc=0" in say("cmd=init pmi_version=1 pmi_subversion=1\n")
+first = Path(sys.argv[1])
+if not first.exists():
+    first.write_text("misread")
+    sock.sendall(("cmd=put kvsname=x key=addr value=" + "A" * 1100 + "\n").encode())
+    sys.exit(16)
+assert "rc=0" in say("cmd=put kvsname=" + say("cmd=get_my_kvsname\n").split("kvsname=")[1].split()[0]
+                     + " key=addr value=" + "B" * 900 + "\n")
+print("pmi put of 900 characters: ok")
+say("cmd=finalize\n")
+'''
+
+
+def test_a_launch_that_slurm_pmi2_misread_is_started_again(cluster, work):
+    """Slurm's pmi2 plugin reads a PMI-1 line with one read() of at most 1024 bytes; a longer line
+    (MPICH's address segments with the command's words) is misread and the ranks abort in MPI_Init.
+    slurm/hpcfl_srun.sh recognises what srun prints then and launches again in the same job."""
+    (work.dir / "pmi_rank.py").write_text(PMI_RANK)
+    script = work.dir / "misread.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --output=slurm-misread-%j.out\nOUT=runs/none\n"
+                      '. slurm/hpcfl_srun.sh\nhpcfl_srun --mpi=pmi2 -n 1 python pmi_rank.py "$PWD/first"\n')
+    jid = work.sbatch(script, "--ntasks=1", *ONE_CORE)
+    rec = one(cluster.wait_done(jid, timeout=180, log=work.log_path(jid)))
+    log = work.log(jid)
+    assert (rec["JobState"], rec["ExitCode"], rec["Restarts"]) == ("COMPLETED", "0:0", "0"), log
+    # what Slurm 22.05 prints for the misread line (the pattern slurm/hpcfl_srun.sh looks for)
+    assert "mpi/pmi2: invalid client request" in log, log
+    assert log.count("launching again (1 of at most 2") == 1, log
+    assert "pmi put of 900 characters: ok" in log and "hpcfl: finished" in log, log

@@ -1,6 +1,8 @@
-"""The requeue rule and the USR1 forwarding of slurm/hpcfl_srun.sh, which every template sources,
-run without Slurm through each template (stand-ins from tests/e2e/test_slurm.py): 75 requeues
-within MAX_REQUEUES, anything else does not, USR1 to the batch shell reaches the program."""
+"""The requeue rule, the USR1 forwarding and the second launch after a PMI misread of
+slurm/hpcfl_srun.sh, which every template sources, run without Slurm through each template
+(stand-ins from tests/e2e/test_slurm.py): 75 requeues within MAX_REQUEUES, anything else does
+not, USR1 to the batch shell reaches the program, a launch whose ranks never started because
+Slurm's pmi2 plugin misread a line is started again (at most HPCFL_LAUNCH_RETRIES times)."""
 
 import os
 import signal
@@ -114,3 +116,37 @@ def test_usr1_is_forwarded_and_the_job_requeued(stand, name, stop_delay):
     assert proc.returncode == 75, out
     assert stand.argv("scontrol") == ["requeue", "12345"]
     assert "got USR1" in out
+
+
+# ---- a launch that failed in Slurm's pmi2 plugin ---------------------------------------------
+
+def calls(stand):
+    return int((stand.dir / "srun.calls").read_text())
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_pmi_misread_launches_again_and_the_job_finishes(stand, name):
+    p = stand.run(name, STANDIN_PMI_MISREAD=1, STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
+    assert p.returncode == 0, p.output
+    assert calls(stand) == 2 and stand.argv("hpcfl") is not None
+    assert "launching again (1 of at most 2, HPCFL_LAUNCH_RETRIES)" in p.stderr
+    # srun's own lines still reach the job's log, as they came
+    assert "mpi/pmi2: invalid client request" in p.stderr
+    assert "hpcfl: finished" in p.stdout and stand.argv("scontrol") is None
+
+
+@pytest.mark.parametrize("retries, launches", [(None, 3), ("0", 1), ("4", 5)])
+def test_pmi_misreads_are_launched_again_at_most_the_retries(stand, retries, launches):
+    p = stand.run("cpu_only", STANDIN_PMI_MISREAD=10, SLURM_RESTART_COUNT=0, HPCFL_LAUNCH_RETRIES=retries)
+    assert p.returncode == 16, p.output
+    assert calls(stand) == launches
+    assert p.stderr.count("launching again") == launches - 1
+    assert "exit code 16, not requeueing" in p.stderr and stand.argv("scontrol") is None
+
+
+@pytest.mark.parametrize("code", [1, 2, 75, 137])
+def test_other_failures_are_not_launched_again(stand, code):
+    """Only the pmi2 misread is started again: a failure, bad input (2) or a stop (75) is not."""
+    p = stand.run("cpu_only", STANDIN_EXIT=code, SLURM_RESTART_COUNT=0)
+    assert p.returncode == code and calls(stand) == 1, p.output
+    assert "launching again" not in p.output
