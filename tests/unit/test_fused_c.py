@@ -122,7 +122,7 @@ def test_a_build_that_fuses_into_fma_is_refused(tmp_path, monkeypatch):
     """Built with FMA contraction the library's bits differ from numba's: the check against the Python
     transcription catches it, and the kernel is not used."""
     _fresh(monkeypatch, tmp_path)
-    monkeypatch.setattr(fused_c, "FLAGS", ("-mfma", "-ffp-contract=fast", "-lm"))
+    monkeypatch.setattr(fused_c, "FLAGS", ("-O3", "-mfma", "-ffp-contract=fast", "-lm"))
     with pytest.warns(UserWarning, match="do not keep IEEE arithmetic"):
         assert fused_c.kernel("logreg") is None
 
@@ -130,7 +130,7 @@ def test_a_build_that_fuses_into_fma_is_refused(tmp_path, monkeypatch):
 @needs_cc
 def test_a_fast_math_build_is_refused(tmp_path, monkeypatch):
     _fresh(monkeypatch, tmp_path)
-    monkeypatch.setattr(fused_c, "FLAGS", ("-ffast-math", "-lm"))
+    monkeypatch.setattr(fused_c, "FLAGS", ("-O3", "-ffast-math", "-lm"))
     with pytest.warns(UserWarning, match="do not keep IEEE arithmetic"):
         assert fused_c.kernel("quadratic") is None
 
