@@ -3,14 +3,16 @@
 Loading numba-compiled loops from numba's cache costs 0.5-1 s per process (numba, llvmlite
 and, through numba's BLAS check, scipy are imported, and LLVM is set up); on workload W that
 was the whole gap between the engine's start-up and a bare torch loop's. Kernels that every
-CPU run of a common model needs (:mod:`hpcfl.models.pool`) therefore also ship as C source.
+CPU run of a common model needs (:mod:`hpcfl.models.pool`, and the group kernels of
+:mod:`hpcfl.client.fused`) therefore also ship as C source.
 The first process that needs one compiles it with the machine's C compiler into the cache
 folder; every later process maps the shared library in about a millisecond.
 
 - Compiler: ``$HPCFL_CC`` (a command, e.g. ``"gcc-12"``), else the first of ``cc``, ``gcc`` and
   ``clang`` on the PATH. ``$CC`` is not read: on clusters it often names an MPI wrapper or a
   compiler whose default floating-point model is not IEEE. Flags: ``-O2 -std=c99 -shared
-  -fPIC`` (no ``-march=native``, so one file serves every node of an architecture).
+  -fPIC`` (no ``-march=native``, so one file serves every node of an architecture), then a
+  source's own (:func:`load`'s ``flags``: the group kernels add ``-O3 -ffp-contract=off -lm``).
 - Cache: ``kernels/NAME-KEY.so`` under ``$HPCFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpcfl``, else
   ``~/.cache/hpcfl``; KEY hashes the source, the compiler's path, size and time stamp, the
   flags and the platform, so a changed source or compiler never loads a stale file. A file is
