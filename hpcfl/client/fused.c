@@ -1,7 +1,7 @@
 /* The group kernels of fused.py in C: every local step of G clients in one call, bitwise the
  * numba kernels of fused_kernels.py (logreg_group, quadratic_group, quadratic_general_group).
  *
- * Why C: loading the numba form costs a process `import numba` and LLVM's set-up (about 0.8 s
+ * Why C: loading the numba form costs a process `import numba` and LLVM's set-up (0.5-0.8 s
  * of CPU at every run's start-up); this file is compiled once per machine into hpcfl's cache
  * folder (hpcfl/native/cc.py) and mapped through ctypes in about a millisecond.
  *

@@ -1,7 +1,7 @@
 """The group kernels of :mod:`hpcfl.client.fused` in C (``fused.c``), loaded through ctypes.
 
 numba's form (:mod:`hpcfl.client.fused_kernels`) costs every run ``import numba`` and LLVM's
-set-up when its kernel is loaded from numba's cache, about 0.8 s of CPU before round 1. The
+set-up when its kernel is loaded from numba's cache, 0.5-0.8 s of CPU before round 1. The
 same loops in C are compiled once per machine into hpcfl's cache folder (:mod:`hpcfl.native.cc`)
 and mapped in about a millisecond, and numba is then never imported. The two forms give the
 same bits (``fused.c`` is a line-for-line transcription, compiled with ``-ffp-contract=off`` and
