@@ -2,8 +2,9 @@
 
     python bench/startup_bench.py [--repeat 5] [--tree PATH]
 
-Runs ``jobs/papers/fednova_synthetic.toml`` (logistic regression: ``"auto"`` takes the numba
-group kernel of :mod:`hpcfl.client.fused`) for one round, as ``python -m hpcfl run`` in a new
+Runs ``jobs/papers/fednova_synthetic.toml`` (logistic regression: ``"auto"`` takes the compiled
+group kernel of :mod:`hpcfl.client.fused`, C where a compiler is found; ``HPCFL_NO_CC=1`` in the
+environment times numba's form) for one round, as ``python -m hpcfl run`` in a new
 process each time, with a fresh ``HPCFL_CACHE_DIR``: one warm-up run of each mode first (it
 fills the dataset and kernel caches, as a user's first run does), then ``repeat`` runs of each
 mode alternated. Prints the start-up the run reports (``startup X s``: from the process's start
@@ -12,7 +13,8 @@ to other jobs on a shared machine), per mode, and auto - off.
 
 ``--tree`` runs the hpcfl found in another source tree (PYTHONPATH), e.g. an export of an older
 commit, for a before/after comparison in one sitting: issue 36.3's kernel was compiled again in
-every run (its numba cache never matched), which was most of the gap.
+every run (its numba cache never matched), which was most of the gap; then loading numba was the
+rest, until the kernel's C form.
 """
 
 import argparse

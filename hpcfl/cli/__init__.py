@@ -82,6 +82,14 @@ def cmd_info(args, comm) -> int:
             print("cpu pooling kernels: numba (no C compiler found, or HPCFL_NO_CC is set)")
         else:
             print(f"cpu pooling kernels: C, {k.path}")
+        # vectorize = "auto"'s group kernels, likewise compiled here if need be
+        from ..client import fused
+
+        g = fused.kernel("logreg")
+        form = ("the batched torch step (neither a C compiler nor numba, or both switched off)" if g is None else
+                "numba (no C compiler found, HPCFL_NO_CC is set, or the C build was refused)"
+                if fused.backend(g) == "numba" else f"C, {g.path}")
+        print(f"cpu group kernels (vectorised logreg, quadratic): {form}")
     return 0
 
 

@@ -101,7 +101,8 @@ class BlockTrainer:
         Most clients trained together.
     fused : bool
         Train logistic regression and the quadratic on CPU with a compiled group kernel
-        (:mod:`hpcfl.client.fused`) where numba is there; False keeps the batched torch step.
+        (:mod:`hpcfl.client.fused`: C, else numba) where one can be had; False keeps the batched
+        torch step.
     """
 
     def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, group_size: int = GROUP_SIZE,
@@ -114,7 +115,7 @@ class BlockTrainer:
         if kind is not None:
             from .fused import kernel
 
-            self.fused = kernel(kind)   # compiled (or loaded from numba's cache) now, before any round
+            self.fused = kernel(kind)   # compiled (or loaded from the kernel cache) now, before any round
         if self.fused is not None:   # the kernel reads numpy views of the data in the model's dtype
             xs = x_train.reshape(len(x_train), -1) if kind == "logreg" else x_train
             self._xn = xs.to(model.dtype).contiguous().numpy()

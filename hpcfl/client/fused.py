@@ -3,7 +3,8 @@
 The batched torch step of :mod:`hpcfl.client.block` still launches ten to twenty small
 kernels per local step; for multinomial logistic regression on CPU (Synthetic(1,1): 60
 features, 10 classes, batches of 20) and for the quadratics of FedNova and GIFT that overhead
-is most of the round. Here one numba-compiled function runs every local step of every client
+is most of the round. Here one compiled function (C through ctypes where a C compiler is
+found, else numba's form of the same loops, with the same bits) runs every local step of every client
 of a group: the model's loss and closed-form gradient (logistic regression: log-sum-exp and
 dl/dz = softmax(z) - onehot(y); the quadratic: x - e, or h (x - c) + n) and the solver's update,
 with no allocation per step.
@@ -11,8 +12,9 @@ with no allocation per step.
 Numerics. The arithmetic is done in the model's dtype (scalars are cast to it first, as torch
 casts ``alpha``), in a fixed order that does not depend on the vector width: a logit sums its
 features in order, a gradient sums its batch in order, and the only reductions are scalar loops.
-No fast-math, so LLVM neither reassociates nor contracts into FMA: the result does not depend on
-the CPU's vector width (exp and log come from the C math library). Each client's loop reads only its own row, so a client's result does not depend on
+No fast-math, so neither LLVM nor the C compiler reassociates or contracts into FMA: the result does
+not depend on the CPU's vector width (exp and log come from the C math library, in both forms).
+Each client's loop reads only its own row, so a client's result does not depend on
 which clients share its group, its rank or the rank count. It differs from torch's kernels (the
 sequential loop and the batched step) by rounding only (tests/unit/test_block.py).
 """
@@ -23,13 +25,20 @@ import numpy as np
 
 from ..native.jit import numba_or_none
 
-_KERNELS: dict = {}   # kind -> compiled kernel or None, built on first use (compiled once, then numba's cache)
-# the kernels themselves: hpcfl/client/fused_kernels.py (module level, so that numba's cache matches)
+_KERNELS: dict = {}   # kind -> the chosen kernel or None, resolved on first use
+# the kernels themselves: C in hpcfl/client/fused.c (loaded by fused_c.py), numba's in fused_kernels.py
 KINDS = ("logreg", "quadratic", "quadratic_general")
 
 
 def _compile(kind: str):
-    """The compiled group kernel of ``kind``, or None where numba cannot be had (or ``HPCFL_NO_NUMBA``)."""
+    """The group kernel of ``kind``: its C form (:mod:`hpcfl.client.fused_c`: compiled once per
+    machine, loaded in about a millisecond, numba never imported), else numba's (the same bits),
+    else None (no C compiler or ``HPCFL_NO_CC``, and no numba or ``HPCFL_NO_NUMBA``)."""
+    from . import fused_c
+
+    k = fused_c.kernel(kind)
+    if k is not None:
+        return k
     if numba_or_none() is None:
         return None
     # imports numba: only once it is known to be there (and its cache folder is set)
@@ -39,10 +48,16 @@ def _compile(kind: str):
 
 
 def kernel(kind: str = "logreg"):
-    """The compiled group kernel of ``kind`` (one of :data:`KINDS`), or None (numba missing or disabled)."""
+    """The compiled group kernel of ``kind`` (one of :data:`KINDS`), or None (neither C nor numba can
+    be had, or both are switched off); its form is :func:`backend`."""
     if kind not in _KERNELS:
         _KERNELS[kind] = _compile(kind)
     return _KERNELS[kind]
+
+
+def backend(kern) -> str:
+    """``"c"`` or ``"numba"``: which form the kernel ``kern`` (from :func:`kernel`) is."""
+    return getattr(kern, "backend", "numba")
 
 
 def train_group(kern, w: np.ndarray, x: np.ndarray, y: np.ndarray, sched: np.ndarray,

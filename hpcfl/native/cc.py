@@ -3,14 +3,16 @@
 Loading numba-compiled loops from numba's cache costs 0.5-1 s per process (numba, llvmlite
 and, through numba's BLAS check, scipy are imported, and LLVM is set up); on workload W that
 was the whole gap between the engine's start-up and a bare torch loop's. Kernels that every
-CPU run of a common model needs (:mod:`hpcfl.models.pool`) therefore also ship as C source.
+CPU run of a common model needs (:mod:`hpcfl.models.pool`, and the group kernels of
+:mod:`hpcfl.client.fused`) therefore also ship as C source.
 The first process that needs one compiles it with the machine's C compiler into the cache
 folder; every later process maps the shared library in about a millisecond.
 
 - Compiler: ``$HPCFL_CC`` (a command, e.g. ``"gcc-12"``), else the first of ``cc``, ``gcc`` and
   ``clang`` on the PATH. ``$CC`` is not read: on clusters it often names an MPI wrapper or a
   compiler whose default floating-point model is not IEEE. Flags: ``-O2 -std=c99 -shared
-  -fPIC`` (no ``-march=native``, so one file serves every node of an architecture).
+  -fPIC`` (no ``-march=native``, so one file serves every node of an architecture), then a
+  source's own (:func:`load`'s ``flags``: the group kernels add ``-O3 -ffp-contract=off -lm``).
 - Cache: ``kernels/NAME-KEY.so`` under ``$HPCFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/hpcfl``, else
   ``~/.cache/hpcfl``; KEY hashes the source, the compiler's path, size and time stamp, the
   flags and the platform, so a changed source or compiler never loads a stale file. A file is
@@ -63,10 +65,10 @@ def compiler() -> list[str] | None:
     return None
 
 
-def key(source: bytes, cc: list[str]) -> str:
+def key(source: bytes, cc: list[str], flags: tuple[str, ...] = ()) -> str:
     """16 hex digits identifying the compiled file: source, compiler (path, size, mtime), flags, platform."""
     st = os.stat(os.path.realpath(cc[0]))
-    text = "\0".join([*cc, str(st.st_size), str(st.st_mtime_ns), *FLAGS, sys.platform, platform.machine()])
+    text = "\0".join([*cc, str(st.st_size), str(st.st_mtime_ns), *FLAGS, *flags, sys.platform, platform.machine()])
     return hashlib.sha256(source + b"\0" + text.encode()).hexdigest()[:16]
 
 
@@ -75,16 +77,17 @@ def cache_folder() -> Path:
     return cache_root("auto") / "kernels"
 
 
-def _compile(cc: list[str], source: Path, target: Path) -> None:
+def _compile(cc: list[str], source: Path, target: Path, flags: tuple[str, ...] = ()) -> None:
     """Compile ``source`` into ``target`` (a temporary name beside it, fsynced, then renamed into
-    place), and write its hash beside it (:func:`_digest_path`)."""
+    place), and write its hash beside it (:func:`_digest_path`). ``flags`` follow the source
+    (options and libraries, e.g. ``-lm``)."""
     tag = f"{os.getpid()}.{os.urandom(4).hex()}.tmp"
     tmp = target.with_name(f".{target.name}.{tag}")
     side = _digest_path(target)
     side_tmp = side.with_name(f".{side.name}.{tag}")
     try:
-        done = subprocess.run([*cc, *FLAGS, str(source), "-o", str(tmp)], capture_output=True, text=True,
-                              timeout=COMPILE_TIMEOUT_S)
+        done = subprocess.run([*cc, *FLAGS, str(source), "-o", str(tmp), *flags], capture_output=True, text=True,
+                              timeout=COMPILE_TIMEOUT_S, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{shlex.join(cc)} failed: {(done.stderr or done.stdout).strip()[:500]}")
         with open(tmp, "rb") as f:
@@ -124,10 +127,10 @@ def verified(target: Path) -> bool | None:
         return False
 
 
-def load(source: Path) -> ctypes.CDLL | None:
-    """The shared library built from the C file ``source``, compiled on first use; None where
-    no C compiler can be had, compiling fails, or ``HPCFL_NO_CC`` is set (a warning says why
-    when a compiler was there or ``HPCFL_CC`` named one that is not)."""
+def load(source: Path, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The shared library built from the C file ``source`` (with :data:`FLAGS` and then ``flags``),
+    compiled on first use; None where no C compiler can be had, compiling fails, or ``HPCFL_NO_CC``
+    is set (a warning says why when a compiler was there or ``HPCFL_CC`` named one that is not)."""
     if os.environ.get("HPCFL_NO_CC"):
         return None
     cc = compiler()
@@ -139,7 +142,7 @@ def load(source: Path) -> ctypes.CDLL | None:
         return None
     text = source.read_bytes()
     folder = cache_folder()
-    target = folder / f"{source.stem}-{key(text, cc)}.so"
+    target = folder / f"{source.stem}-{key(text, cc, flags)}.so"
     try:
         cachedir.private_folder(folder.parent, folder.name)   # before anything in it is read
         ok = verified(target)
@@ -152,7 +155,7 @@ def load(source: Path) -> ctypes.CDLL | None:
             why = ("does not match its recorded hash (damaged, e.g. by a full disk, or replaced)"
                    if _digest_path(target).exists() else "has no recorded hash (an older hpcfl's, or damaged)")
             warnings.warn(f"hpcfl: the compiled kernel {target} {why}; compiling it again", stacklevel=2)
-        _compile(cc, source, target)
+        _compile(cc, source, target, flags)
         return ctypes.CDLL(str(target))
     except cachedir.UntrustedFolder as err:   # never read from, never written to: compile privately
         if cachedir.first_time(err):
@@ -168,7 +171,7 @@ def load(source: Path) -> ctypes.CDLL | None:
     with tempfile.TemporaryDirectory(prefix="hpcfl-cc-") as tmp:
         try:
             private = Path(tmp) / target.name
-            _compile(cc, source, private)
+            _compile(cc, source, private, flags)
             return ctypes.CDLL(str(private))   # mapped: the file may go when the folder does
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
             warnings.warn(f"hpcfl: could not compile {source.name} ({err}); its numba or torch form is used",

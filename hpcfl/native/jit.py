@@ -2,8 +2,9 @@
 
 The compiled kernels (:mod:`hpcfl.parallel.gridsum`, :mod:`hpcfl.client.fused`,
 :mod:`hpcfl.models.pool`) are optional: each has a torch or numpy form it falls back to.
-``HPCFL_NO_NUMBA=1`` turns all of them off at once (to check the fallbacks). The pooling kernels
-also ship as C, which is tried first (:mod:`hpcfl.native.cc`; ``HPCFL_NO_CC=1`` turns that form off).
+``HPCFL_NO_NUMBA=1`` turns all of them off at once (to check the fallbacks). The pooling and group
+kernels also ship as C, which is tried first (:mod:`hpcfl.native.cc`; ``HPCFL_NO_CC=1`` turns that
+form off): where it is used, numba is never imported.
 
 numba's cache. By default numba keeps compiled kernels in the package's own ``__pycache__``:
 a read-only install (usual on a cluster) then leaves it nowhere to write, and a writable one

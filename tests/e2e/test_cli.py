@@ -209,6 +209,7 @@ def test_info_lists_ranks_devices_and_versions():
     assert "ranks: 2" in p.stdout and "rank 1:" in p.stdout and f"device {DEVICE}," in p.stdout
     assert "mpi: MPICH" in p.stdout and "torch:" in p.stdout
     assert "cpu pooling kernels: C, " in p.stdout and "/kernels/pool-" in p.stdout   # this machine has gcc
+    assert "cpu group kernels (vectorised logreg, quadratic): C, " in p.stdout and "/kernels/fused-" in p.stdout
 
 
 NO_TORCH = """

@@ -37,7 +37,7 @@ CASES = {
                                      "algorithm.clients_per_round": 0},
     "vectorize_fedprox_with_replacement": {"runtime.vectorize": "on", "algorithm.name": "fedprox",
                                            "algorithm.mu": 0.1, "algorithm.sampling": "with_replacement"},
-    # logreg under vectorize = 'auto': the compiled group kernel (hpcfl.client.fused) where numba is there
+    # logreg under vectorize = 'auto': the compiled group kernel (hpcfl.client.fused: C, else numba)
     "logreg_fused_scaffold_momentum_epochs": {"model.name": "logreg", "algorithm.name": "scaffold",
                                               "algorithm.momentum": 0.5, "algorithm.local_steps": 0,
                                               "algorithm.steps": "random_epochs", "algorithm.random_epochs.low": 1,

@@ -61,7 +61,7 @@ def run_sequential(model, x, y, spec, cl, corrs):
 
 def run_block(model, x, y, spec, cl, corrs, group_size=64, fused=True):
     bt = BlockTrainer(model, x, y, batch_size=8, group_size=group_size, fused=fused)
-    # logreg and the quadratic on CPU take a compiled kernel whenever numba is there: the tests below test it
+    # logreg and the quadratic on CPU take a compiled kernel (C, else numba) whenever one is there: tests below test it
     assert (bt.fused is not None) == (fused and HAVE_NUMBA)
     x0 = model.flat.detach().clone()
     jobs = [(idx, steps, rng.torch_generator(torch.device("cpu"), 0, rng.CLIENT_TRAIN, 0, c))
@@ -131,7 +131,7 @@ def test_models_the_block_cannot_take_say_why():
     assert unsupported(lin, None, SPECS["sgd"]) is None
 
 
-needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (or HPCFL_NO_NUMBA is set)")
+needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="no compiled group kernel (no C compiler and no numba)")
 
 
 @needs_numba
