@@ -102,10 +102,12 @@ def _stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
     """``np.argsort(keys, kind="stable")`` of integers in ``[0, bound)``, shape (len(keys),), in O(n):
     numpy sorts 16-bit keys stably by radix, so the keys go through in 16-bit digits, least
     significant first (one pass for a test set of up to 65,536 samples)."""
-    keys = np.asarray(keys, dtype=np.int64)
+    keys = np.asarray(keys)
+    if bound <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
     order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
     shift = 16
-    while (max(int(bound), 1) - 1) >> shift:
+    while (int(bound) - 1) >> shift:
         digit = ((keys[order] >> shift) & 0xFFFF).astype(np.uint16)
         order = order[np.argsort(digit, kind="stable")]
         shift += 16
@@ -135,7 +137,7 @@ def client_test_pairs(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
     client : np.ndarray of int64, shape (P,)
         The pairs' clients, ascending among the pairs of one row (a client holds a row once).
 
-    Work and memory are linear in P (a million clients of 10 rows: about a second): the rows are
+    Work and memory are linear in P (a million clients of 10 rows: about half a second of CPU): the rows are
     drawn class by class, each class's pairs in client order, and the classes' test samples are
     disjoint, so one stable sort by row (a radix sort) puts them in (row, client) order.
     """
@@ -147,7 +149,13 @@ def client_test_pairs(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
     n_train = max(int(counts.sum()), 1)
     m = np.maximum(int(min_size), np.rint(y.size * counts.sum(axis=1) / n_train).astype(np.int64))
     k = quotas(counts, m, available)
-    who, rows = [], []
+    sizes = k.sum(axis=1).astype(np.int64)
+    total = int(sizes.sum())
+    # 32-bit rows and positions where they fit: half the memory to fill (10M pairs at 1M clients)
+    idx = np.int32 if max(total, y.size) < 2 ** 31 else np.int64
+    rows = np.empty(total, dtype=idx)          # each pair's test row, class after class
+    who = np.empty(total, dtype=np.int64)      # its client, ascending within a class
+    at = 0
     for cls in range(c):
         take = np.flatnonzero(k[:, cls])
         if take.size == 0:
@@ -155,17 +163,15 @@ def client_test_pairs(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
         order = rng.numpy_rng(seed, rng.CLIENT_EVAL, cls).permutation(pools[cls])   # keyed by (seed, class)
         start = window_offsets(seed, take, cls, order.size)
         length = k[take, cls]
-        first = np.cumsum(length) - length
-        # client i's window start_i, start_i + 1, ..., start_i + k_i - 1, wrapped once at most
-        # (start_i < size and k_i <= size): the order's positions (start_i + step) % size
-        pos = np.arange(int(length.sum()), dtype=np.int64) + np.repeat(start - first, length)
+        n = int(length.sum())
+        # client i's window start_i, start_i + 1, ..., start_i + k_i - 1 of the order, wrapped once at
+        # most (start_i < size, k_i <= size): positions (start_i + step) % size, step = 0 .. k_i - 1
+        pos = np.repeat((start - (np.cumsum(length) - length)).astype(idx), length)
+        pos += np.arange(n, dtype=idx)
         pos[pos >= order.size] -= order.size
-        rows.append(order[pos])
-        who.append(np.repeat(take, length))
-    sizes = k.sum(axis=1).astype(np.int64)
-    if not rows:
-        return sizes, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    who, rows = np.concatenate(who), np.concatenate(rows)
+        np.take(order.astype(idx), pos, out=rows[at:at + n])
+        who[at:at + n] = np.repeat(take, length)
+        at += n
     by = _stable_order(rows, y.size)
     sample = np.repeat(np.arange(y.size, dtype=np.int64), np.bincount(rows, minlength=y.size))   # rows[by]
     return sizes, sample, who[by]
