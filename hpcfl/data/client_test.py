@@ -91,7 +91,8 @@ def quotas(counts: np.ndarray, m: np.ndarray, available: np.ndarray) -> np.ndarr
     rest = np.where(has, m - k.sum(axis=1), 0)
     some = np.flatnonzero(rest > 0)
     if some.size:
-        order = np.argsort(-(q[some] - k[some]), axis=1, kind="stable")   # largest remainders first, ties to the lower class
+        # largest remainders first, ties to the lower class
+        order = np.argsort(-(q[some] - k[some]), axis=1, kind="stable")
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(k.shape[1])[None, :].repeat(some.size, 0), axis=1)
         k[some] += rank < rest[some, None]
@@ -137,9 +138,9 @@ def client_test_pairs(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
     client : np.ndarray of int64, shape (P,)
         The pairs' clients, ascending among the pairs of one row (a client holds a row once).
 
-    Work and memory are linear in P (a million clients of 10 rows: about half a second of CPU): the rows are
-    drawn class by class, each class's pairs in client order, and the classes' test samples are
-    disjoint, so one stable sort by row (a radix sort) puts them in (row, client) order.
+    Work and memory are linear in P (a million clients of 10 rows: about half a second of CPU):
+    the rows are drawn class by class, each class's pairs in client order, and the classes' test
+    samples are disjoint, so one stable sort by row (a radix sort) puts them in (row, client) order.
     """
     y = np.asarray(y_test, dtype=np.int64)
     counts = np.asarray(class_counts, dtype=np.int64)
