@@ -81,7 +81,7 @@ def quotas(counts: np.ndarray, m: np.ndarray, available: np.ndarray) -> np.ndarr
 
     Only the clients with rows left after the floors rank their remainders (none where every
     share is whole, e.g. a client of 2 samples in 2 classes or 1 class and an even ``m``)."""
-    q = np.asarray(counts).astype(np.float64)       # the share, then in place the exact quota m_i share / total
+    q = np.asarray(counts).astype(np.float64)       # the shares, then in place the quotas m_i share / total
     q[:, available <= 0] = 0.0
     total = q.sum(axis=1)
     has = total > 0                                 # a client without a share keeps q = 0 and gets no rows
