@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcfl import config
-from hpcfl.data.client_test import client_test_sets
+from hpcfl.data.client_test import client_test_pairs
 from hpcfl.engine import simulation
 from hpcfl.engine.evaluation import ClientEval, evaluate
 
@@ -31,7 +31,7 @@ def main():
     cfg = config.load(a.job, a.sets)
     s = simulation.prepare(cfg, MPI.COMM_WORLD)
     t = time.perf_counter()
-    ce = ClientEval(*client_test_sets(s.dataset.y_test, s.class_counts, cfg.run.seed, cfg.run.eval_clients_min))
+    ce = ClientEval(*client_test_pairs(s.dataset.y_test, s.class_counts, cfg.run.seed, cfg.run.eval_clients_min))
     draw = time.perf_counter() - t
     s.model.load(s.model.numpy())
     off, on = [], []

@@ -3,16 +3,19 @@
 Run from the repository root::
 
     python bench/million_clients_bench.py [--tree OLD_CHECKOUT] [--tree .] [--clients 1000000] [--rounds 30]
+                                          [--eval-clients on|off]
 
 Logistic regression on a Gaussian mixture (2 training samples per client, 20 features), FedAvg
 with 100 clients per round, 5 local steps, ``runtime.vectorize = "off"`` (the compiled group
 kernel's compile time is another matter, docs/performance.md). Each source tree (``--tree``,
 default: this one) runs the job twice with a fresh dataset cache: a miss (the data generated and
 cached) then a hit (mapped). Prints per run the start-up ``hpcfl run`` reports (everything before
-round 1: imports, data, partition, class counts, model), and the steady seconds per round with
-its decide phase, from the run's closing summary; then the CPU seconds of the imports and of
-``simulation.prepare`` on a cache hit, in a fresh process, which a loaded machine inflates much
-less than wall time. Not a test: the figures depend on the machine.
+round 1: imports, data, partition, class counts, held-out rows, model), and the steady seconds per
+round with its decide phase, from the run's closing summary; then the CPU seconds of the imports
+and of ``simulation.prepare`` on a cache miss and a cache hit, each in a fresh process, which a
+loaded machine inflates much less than wall time. Per-client evaluation (``run.eval_clients``)
+is on, as hpcfl's default; ``--eval-clients off`` times the job without it. Not a test: the
+figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ name = "million"
 seed = 0
 rounds = {rounds}
 eval_every = 0
+eval_clients = {eval_clients}
 [data]
 dataset = "gaussian_mixture"
 partition = "iid"
@@ -97,22 +101,26 @@ def main() -> None:
     ap.add_argument("--tree", action="append", type=Path, help="a source tree to time (repeatable)")
     ap.add_argument("--clients", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--eval-clients", choices=("on", "off"), default="on",
+                    help="run.eval_clients (default on, as hpcfl's own default)")
     args = ap.parse_args()
     trees = [t.resolve() for t in (args.tree or [Path(__file__).resolve().parents[1]])]
-    print(f"{args.clients:,} clients, logreg, 100 per round, 1 rank, vectorize off, {args.rounds} rounds; "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{args.clients:,} clients, logreg, 100 per round, 1 rank, vectorize off, {args.rounds} rounds, "
+          f"eval_clients {args.eval_clients}; load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as d:
         job = Path(d) / "job.toml"
-        job.write_text(JOB.format(rounds=args.rounds, clients=args.clients, samples=2 * args.clients))
+        job.write_text(JOB.format(rounds=args.rounds, clients=args.clients, samples=2 * args.clients,
+                                  eval_clients=str(args.eval_clients == "on").lower()))
         for i, tree in enumerate(trees):
             cache = Path(d) / f"cache{i}"
             for what in ("cache miss", "cache hit"):
                 r = run(tree, job, Path(d) / f"out{i}-{what[-4:].strip()}", cache)
                 print(f"  {tree!s:<24} {what:<10} start-up {r['startup']:5.1f} s, {r['round_ms']:6.1f} ms/round "
                       f"(decide {r['decide_ms']:.2f} ms)")
-            imports, prepare = cpu(tree, job, cache)   # the cache is warm now
-            print(f"  {tree!s:<24} {'CPU time':<10} imports {imports:.2f} s + prepare (cache hit) {prepare:.2f} s "
-                  f"= start-up {imports + prepare:.2f} s of one core")
+            for what, where in (("miss", Path(d) / f"cpu-cache{i}"), ("hit", cache)):   # a fresh cache, then warm
+                imports, prepare = cpu(tree, job, where)
+                print(f"  {tree!s:<24} {'CPU time':<10} imports {imports:.2f} s + prepare (cache {what}) "
+                      f"{prepare:.2f} s = start-up {imports + prepare:.2f} s of one core")
 
 
 if __name__ == "__main__":

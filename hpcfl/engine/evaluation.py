@@ -10,18 +10,26 @@ from ..parallel.comm import ExactSum
 
 
 class ClientEval:
-    """Every client's held-out test rows (:func:`hpcfl.data.client_test.client_test_sets`), arranged
+    """Every client's held-out test rows (:func:`hpcfl.data.client_test.client_test_pairs`), arranged
     so that one chunk of the test set gives each client's sums over its rows in that chunk.
 
-    ``offsets`` (N + 1,) and ``rows`` are the CSR pair; ``sizes`` (N,) the rows per client.
+    ``sizes`` (N,) the rows per client; ``sample`` and ``client`` (pairs,) every (test row, client)
+    pair, sorted by row, then client: a client's rows are then summed in ascending row order.
     """
 
-    def __init__(self, offsets: np.ndarray, rows: np.ndarray):
-        self.sizes = np.diff(np.asarray(offsets, dtype=np.int64))
+    def __init__(self, sizes: np.ndarray, sample: np.ndarray, client: np.ndarray):
+        self.sizes = np.asarray(sizes, dtype=np.int64)
         self.n = int(self.sizes.size)
+        self.sample = np.asarray(sample, dtype=np.int64)     # (pairs,) ascending
+        self.client = np.asarray(client, dtype=np.int64)     # (pairs,) its client
+
+    @classmethod
+    def from_sets(cls, offsets: np.ndarray, rows: np.ndarray) -> ClientEval:
+        """From the CSR pair of :func:`hpcfl.data.client_test.client_test_sets` (offsets (N + 1,))."""
+        sizes = np.diff(np.asarray(offsets, dtype=np.int64))
         order = np.argsort(rows, kind="stable")
-        self.sample = np.asarray(rows, dtype=np.int64)[order]                       # (pairs,) sorted by sample
-        self.client = np.repeat(np.arange(self.n, dtype=np.int64), self.sizes)[order]   # (pairs,) its client
+        client = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)[order]
+        return cls(sizes, np.asarray(rows, dtype=np.int64)[order], client)
 
     def chunk_sums(self, lo: int, hi: int, hit: np.ndarray, loss: np.ndarray) -> np.ndarray:
         """(2N,) float64: each client's hits, then its summed loss, over its rows in ``[lo, hi)``.

@@ -136,9 +136,9 @@ def prepare(cfg, comm) -> Setup:
     counts = data.class_counts_flat(ds.y_train, index, sizes, ds.num_classes)
     client_eval = None
     if cfg.run.eval_clients and getattr(module, "loss", None) is None:   # a classifier: per-sample hits and losses
-        from ..data.client_test import client_test_sets
+        from ..data.client_test import client_test_pairs
         from .evaluation import ClientEval
-        client_eval = ClientEval(*client_test_sets(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min))
+        client_eval = ClientEval(*client_test_pairs(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min))
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
