@@ -4,7 +4,6 @@ made linear (pinned), the pairs that evaluation sums in the same order, and a mi
 draw in about a second of CPU."""
 
 import hashlib
-import time
 
 import numpy as np
 import pytest
@@ -107,13 +106,16 @@ def test_quotas_when_every_share_is_whole_or_none_is():
                                                       [0, 7, 0]]
 
 
-def test_a_million_clients_draw_in_about_a_second_of_cpu():
-    """1,000,000 clients of 2 samples in 10 classes, 10 rows each (10M pairs): 0.4-0.7 s of CPU here;
-    the draw with a (client, row) lexsort and a second sort by row that this replaced took 3.2-4.6 s."""
+def test_a_million_clients_draw_ten_million_pairs_in_row_order():
+    """1,000,000 clients of 2 samples in 10 classes, 10 rows each: 10M (row, client) pairs in 32-bit
+    buffers, in row order with clients ascending within a row (what the radix sort gives). Its
+    speed (0.4-0.7 s of CPU here, 3.2-4.6 s before) is printed by bench/million_clients_bench.py,
+    not timed here."""
     y = np.random.default_rng(0).integers(0, 10, 10000)
     counts = np.random.default_rng(1).multinomial(2, [0.1] * 10, size=1_000_000)
-    t = time.process_time()
     ce = ClientEval(*ct.client_test_pairs(y, counts, 0, 10))
-    cpu = time.process_time() - t
     assert ce.sample.size == 10_000_000 and ce.sizes.tolist()[:3] == [10, 10, 10]
-    assert cpu < 2.5, f"{cpu:.2f} s of CPU"
+    assert int(ce.sizes.sum()) == 10_000_000 and (ce.sizes == 10).all()
+    key = ce.sample.astype(np.int64) * 1_000_000 + ce.client
+    assert (np.diff(key) > 0).all(), "pairs not in (row, client) order, or a pair twice"
+    assert 0 <= ce.sample.min() and ce.sample.max() < y.size and 0 <= ce.client.min() and ce.client.max() < 1_000_000
