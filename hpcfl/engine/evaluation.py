@@ -23,14 +23,6 @@ class ClientEval:
         self.sample = np.asarray(sample, dtype=np.int64)     # (pairs,) ascending
         self.client = np.asarray(client, dtype=np.int64)     # (pairs,) its client
 
-    @classmethod
-    def from_sets(cls, offsets: np.ndarray, rows: np.ndarray) -> ClientEval:
-        """From the CSR pair of :func:`hpcfl.data.client_test.client_test_sets` (offsets (N + 1,))."""
-        sizes = np.diff(np.asarray(offsets, dtype=np.int64))
-        order = np.argsort(rows, kind="stable")
-        client = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)[order]
-        return cls(sizes, np.asarray(rows, dtype=np.int64)[order], client)
-
     def chunk_sums(self, lo: int, hi: int, hit: np.ndarray, loss: np.ndarray) -> np.ndarray:
         """(2N,) float64: each client's hits, then its summed loss, over its rows in ``[lo, hi)``.
 
