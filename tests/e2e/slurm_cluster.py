@@ -396,3 +396,17 @@ class Cluster:
     def cancel(self, job_id: int):
         """End the job at once (batch shell and steps), e.g. after a test gave up on it."""
         self._run("scancel", str(job_id))
+
+
+def cluster_or_skip(directory: Path, what: str, **options):
+    """A started :class:`Cluster` for a test fixture (``options`` as the constructor's), or the
+    test skipped where one cannot start here; with ``HPCFL_REQUIRE_SLURM=1`` (CI) failed instead.
+    ``what`` names it in the messages ("test cluster", "multi-node test cluster")."""
+    import pytest
+
+    try:
+        return Cluster(directory, **options).start()
+    except ClusterUnavailable as exc:
+        if os.environ.get("HPCFL_REQUIRE_SLURM") == "1":
+            pytest.fail(f"HPCFL_REQUIRE_SLURM=1 but the {what} did not start: {exc}")
+        pytest.skip(f"no Slurm {what}: {exc}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from clirun import ROOT, assert_same_run, hpcfl, start
-from slurm_cluster import TERMINAL, Cluster, ClusterUnavailable
+from slurm_cluster import TERMINAL, Cluster, cluster_or_skip
 from test_slurm import TEMPLATE_ENV, directives
 
 # Slurm jobs queue behind each other on 2 cores, and a test includes its fixtures (the references)
@@ -47,12 +47,7 @@ REQUEUE_CAP = 8        # room for the 2 to 4 attempts LONG_SECONDS needs, on a l
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    try:
-        c = Cluster(tmp_path_factory.mktemp("slurm")).start()
-    except ClusterUnavailable as exc:
-        if os.environ.get("HPCFL_REQUIRE_SLURM") == "1":
-            pytest.fail(f"HPCFL_REQUIRE_SLURM=1 but the test cluster did not start: {exc}")
-        pytest.skip(f"no Slurm test cluster: {exc}")
+    c = cluster_or_skip(tmp_path_factory.mktemp("slurm"), "test cluster")
     yield c
     c.stop()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from clirun import assert_same_run, hpcfl, start
-from slurm_cluster import TERMINAL, Cluster, ClusterUnavailable
+from slurm_cluster import TERMINAL, cluster_or_skip
 from test_slurm_cluster import ONE_CORE, QUICK, SWEEP, TEMPLATE_SETS, Work, one, resumed_rounds, stopped_rounds
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -40,12 +40,7 @@ LOST_BOUND_S = 90    # a lost node ends its job's attempt within this: SlurmdTim
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    try:
-        c = Cluster(tmp_path_factory.mktemp("slurm3"), nodes=NODES, slurmd_timeout=20).start()
-    except ClusterUnavailable as exc:
-        if os.environ.get("HPCFL_REQUIRE_SLURM") == "1":
-            pytest.fail(f"HPCFL_REQUIRE_SLURM=1 but the multi-node test cluster did not start: {exc}")
-        pytest.skip(f"no multi-node Slurm test cluster: {exc}")
+    c = cluster_or_skip(tmp_path_factory.mktemp("slurm3"), "multi-node test cluster", nodes=NODES, slurmd_timeout=20)
     yield c
     c.stop()
 
