@@ -67,6 +67,7 @@ class Sampler:
         self.static = np.asarray(static_weights, dtype=np.float64)
         self.normalize = self.scheme != "unbiased"
         self._total = self.static.sum()   # once: no round does O(N) work
+        self._cdf_cache = None            # built by the first with-replacement draw
 
     def _cdf(self) -> np.ndarray:
         """(N,) the sampling probabilities' normalised cumulative sum, computed once: drawing q
@@ -74,8 +75,8 @@ class Sampler:
         replace=True, p=static / static.sum())`` computes in every call, and the draws that
         follow (``random(q)``, a right-sided search) are choice's too: the same cohorts, bitwise
         (tests/unit/test_sampling.py checks against choice itself)."""
-        if getattr(self, "_cdf_cache", None) is None:
-            cdf = (self.static / self.static.sum()).cumsum()
+        if self._cdf_cache is None:
+            cdf = (self.static / self._total).cumsum()
             cdf /= cdf[-1]
             self._cdf_cache = cdf
         return self._cdf_cache

@@ -18,7 +18,6 @@ import math
 import numpy as np
 
 STATS = ("mean", "worst10", "std", "jain")
-WORDS = {"mean": "client mean", "worst10": "worst 10%", "std": "client std", "jain": "Jain"}
 
 
 def fairness(values) -> dict[str, float]:

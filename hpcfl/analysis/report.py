@@ -415,5 +415,5 @@ def report_text(paths: list, by=None, fmt: str = "text", target: float | None = 
         return (render_csv if fmt == "csv" else render_json)(groups, kind, target, last_k)
     cols = _columns(groups, kind, target, last_k, baseline is not None, fmt == "markdown")
     render = render_text if fmt == "text" else render_markdown
-    client = any(c[0] == "Jain" for c in cols)
+    client = any(c[0] == CLIENT_COLUMNS["client_jain"] for c in cols)
     return render(groups, cols, per_run, _notes(kind, target, last_k, baseline, client) + repeated_seeds(groups))

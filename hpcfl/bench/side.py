@@ -158,12 +158,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     comm = world()
     job = apply_overrides(workload(a.workload, a.rounds), a.overrides)
-    from ..parallel.comm import node_layout
-    from ..parallel.runtime import configure_determinism, pick_device
+    from ..parallel.gpus import place
+    from ..parallel.runtime import configure_determinism
 
-    # the engine's device and determinism for both sides: the bare loop does the same work where the engine does
+    # the engine's device and determinism for both sides: the bare loop does the same work where the engine does.
+    # share=True: the bare side never refuses a node with more ranks than GPUs (the engine's side does that)
     configure_determinism(bool(job.get("runtime", {}).get("deterministic", True)))
-    device = str(pick_device(a.device, node_layout(comm)[0]))
+    device = str(place(comm, a.device, share=True).device)
     out = bare = None
     if a.side == "hpcfl":
         out = run_engine(job, comm, a.threads, device=a.device)

@@ -270,16 +270,6 @@ def make_sum(mode: str, length: int, spans=None, device=None):
     return FloatSum(length)
 
 
-def node_layout(comm) -> tuple[int, int]:
-    """(node-local rank, ranks on this node) from a shared-memory split."""
-    MPI = mpi_module()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    try:
-        return local.rank, local.size
-    finally:
-        local.Free()
-
-
 class Collectives:
     """Collectives a policy may ask for, over ``comm``, without importing MPI.
 

@@ -1,4 +1,4 @@
-"""Per-rank runtime: device choice, deterministic kernels, torch threads, the global model's
+"""Per-rank runtime: deterministic kernels, torch threads, the global model's
 transport between host and device, library versions."""
 
 from __future__ import annotations
@@ -49,23 +49,6 @@ class NondeterministicOp(ConfigError):
         return cls(f"runtime.deterministic = true, but torch has no deterministic kernel for {op} ({where}): this "
                    f"run cannot be bitwise reproducible. Set runtime.deterministic = false to run it anyway (faster "
                    f"on a GPU, but results then differ from run to run), or use a model without that operation")
-
-
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    """``cuda:<node-local rank mod GPUs on the node>`` when CUDA is there, else CPU.
-
-    Parameters
-    ----------
-    choice : {"auto", "cpu", "cuda"}
-    local_rank : int
-        Rank within the node (from a shared-memory split of the communicator).
-    """
-    has_cuda = torch.cuda.is_available()
-    if choice == "cuda" and not has_cuda:
-        raise ConfigError("runtime.device = 'cuda' but CUDA is not available on this node; use 'auto' or 'cpu'")
-    if choice in ("auto", "cuda") and has_cuda:
-        return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
-    return torch.device("cpu")
 
 
 # A model with fewer parameters than this trains on one torch thread per rank when
