@@ -70,7 +70,7 @@ class Sweep:
     job: Path
     out: Path
     grid: dict      # dotted key -> list of values, in file order
-    points: Sequence   # of Point, in grid order (a Points: each built when asked for)
+    points: Points   # of Point, in grid order, each built when asked for
     notes: tuple = ()   # what the --set options dropped (a replaced component's table)
 
 
@@ -225,8 +225,7 @@ def listing(sweep: Sweep, overrides: list[str]):
     invalid point, :class:`Interrupted` when a stop signal arrives."""
     n = len(sweep.points)
     shape = " x ".join(f"{k} ({len(v)})" for k, v in sweep.grid.items())
-    width = max(len(name) for name in sweep.points.names) if isinstance(sweep.points, Points) else \
-        max(len(p.name) for p in sweep.points)
+    width = max(len(name) for name in sweep.points.names)   # from the names: no point is built for it
     yield f"{sweep.job}: {n} point(s), {shape}; each into {sweep.out}/<name>"
     yield f"{'index':>5}  {'name':<{width}}  settings"
     for p in sweep.points:
