@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import signals
-# TOML writing lives in hpcfl/config/tomltext.py; re-exported here, where callers have always found it.
-from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401
+from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401  (re-exported: found here always)
 from ..errors import ConfigError, HpcflError
 from ..io import safefs
 from .run import agree, cmd_run
-from .sweepgrid import legacy_names, point_names, read_grid, set_text  # noqa: F401  (read_grid: where callers found it)
+from .sweepgrid import legacy_names, point_names, read_grid, set_text
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
 POINT_JOB = "job.toml"
