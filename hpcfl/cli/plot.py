@@ -61,14 +61,13 @@ def _plot(args) -> str:
     by = grouping_keys(args.by) or None   # an empty --by groups as no --by does
     results = load_runs(paths)
     groups, keys = group_runs(results, by=by), group_keys(results, by=by)
-    if args.kind == "fairness":
-        title = caption_words(groups, keys) if args.title is None else args.title
-        return fairness_png(groups, args.out, args.field or "accuracy", size, legend=legend_words(groups, keys),
-                            title=title or None)
-    metrics = tuple(args.metrics or ("quality", "train_loss"))
     title = caption_words(groups, keys) if args.title is None else args.title
-    return curves_png(groups, args.out, x=args.x, metrics=metrics, size=size, legend=legend_words(groups, keys),
-                      title=title or None, log_y=args.log_y)
+    legend = legend_words(groups, keys)
+    if args.kind == "fairness":
+        return fairness_png(groups, args.out, args.field or "accuracy", size, legend=legend, title=title or None)
+    metrics = tuple(args.metrics or ("quality", "train_loss"))
+    return curves_png(groups, args.out, x=args.x, metrics=metrics, size=size, legend=legend, title=title or None,
+                      log_y=args.log_y)
 
 
 def main(args, comm) -> int:

@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import signals
-# TOML writing lives in hpcfl/config/tomltext.py; re-exported here, where callers have always found it.
-from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401
+from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401  (re-exported: found here always)
 from ..errors import ConfigError, HpcflError
 from ..io import safefs
 from .run import agree, cmd_run
-from .sweepgrid import legacy_names, point_names, read_grid, set_text  # noqa: F401  (read_grid: where callers found it)
+from .sweepgrid import legacy_names, point_names, read_grid, set_text
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
 POINT_JOB = "job.toml"
@@ -70,7 +69,7 @@ class Sweep:
     job: Path
     out: Path
     grid: dict      # dotted key -> list of values, in file order
-    points: Sequence   # of Point, in grid order (a Points: each built when asked for)
+    points: Points   # of Point, in grid order, each built when asked for
     notes: tuple = ()   # what the --set options dropped (a replaced component's table)
 
 
@@ -225,8 +224,7 @@ def listing(sweep: Sweep, overrides: list[str]):
     invalid point, :class:`Interrupted` when a stop signal arrives."""
     n = len(sweep.points)
     shape = " x ".join(f"{k} ({len(v)})" for k, v in sweep.grid.items())
-    width = max(len(name) for name in sweep.points.names) if isinstance(sweep.points, Points) else \
-        max(len(p.name) for p in sweep.points)
+    width = max(len(name) for name in sweep.points.names)   # from the names: no point is built for it
     yield f"{sweep.job}: {n} point(s), {shape}; each into {sweep.out}/<name>"
     yield f"{'index':>5}  {'name':<{width}}  settings"
     for p in sweep.points:

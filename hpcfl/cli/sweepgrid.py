@@ -48,25 +48,34 @@ def set_text(key: str, value) -> str:
     return f"{key}={toml_value(value)}"
 
 
+def _leaf_labels(keys: list[str]) -> dict:
+    """Each key's leaf, or the whole key when leaves collide (every key's label in earlier hpcfl versions)."""
+    leaves = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(keys, leaves)}
+
+
 def _labels(keys: list[str]) -> dict:
     """Each key's label in point names: its leaf, or the whole key when leaves collide; None for a
     component's name (``algorithm.name``, ``model.name``, ``data.dataset``, ``data.partition``),
     whose value names itself: ``fedavg_seed-0``, not ``name-fedavg_seed-0`` (``name`` is also
     ``run.name`` and ``model.name``)."""
-    leaves = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: None if k.endswith(".name") or k in BARE_KEYS else leaf if leaves.count(leaf) == 1 else k
-            for k, leaf in zip(keys, leaves)}
+    leaf = _leaf_labels(keys)
+    return {k: None if k.endswith(".name") or k in BARE_KEYS else leaf[k] for k in keys}
 
 
 BARE_KEYS = ("data.dataset", "data.partition")   # with every "<section>.name": the value alone in point names
 
 
+def _joined(grid: dict, labels: dict, combos: list[tuple]) -> list[str]:
+    """Each combo's name: ``label-value`` for every key, joined by '_'; the value alone where the label is None."""
+    return ["_".join(_safe(v) if labels[k] is None else f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo))
+            for combo in combos]
+
+
 def legacy_names(grid: dict, combos: list[tuple]) -> list[str]:
     """The names earlier hpcfl versions gave the points (``name-fedavg_seed-0``: leaf, '-', value for
     every key), so that a sweep started then resumes in its own folders."""
-    leaves = [k.rsplit(".", 1)[-1] for k in grid]
-    labels = {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(grid, leaves)}
-    return ["_".join(f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo)) for combo in combos]
+    return _joined(grid, _leaf_labels(list(grid)), combos)
 
 
 def _safe(value) -> str:
@@ -85,9 +94,7 @@ def point_names(grid: dict, combos: list[tuple]) -> list[str]:
     shortened and made unique with a hash of the full name. Raises ConfigError if two points
     would still share a folder, so that nothing runs and no point's job overwrites another's.
     """
-    labels = _labels(list(grid))
-    base = ["_".join(_safe(v) if labels[k] is None else f"{labels[k]}-{_safe(v)}" for k, v in zip(grid, combo))
-            for combo in combos]
+    base = _joined(grid, _labels(list(grid)), combos)
     folded = Counter(n.casefold() for n in base)
     names = [n if folded[n.casefold()] == 1 else f"{n}_{i}" for i, n in enumerate(base)]
     folded = Counter(n.casefold() for n in names)

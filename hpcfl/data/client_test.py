@@ -31,34 +31,6 @@ from .. import rng
 MIN_SIZE = 10   # default least rows per client: fewer make a client's accuracy a coarse fraction
 
 
-def class_quota(counts: np.ndarray, m: int, available: np.ndarray) -> np.ndarray:
-    """Rows of each class for one client: ``m`` split in proportion to ``counts``.
-
-    Parameters
-    ----------
-    counts : np.ndarray of int, shape (C,)
-        The client's training samples per class.
-    m : int
-        Rows wanted.
-    available : np.ndarray of int, shape (C,)
-        Test samples per class: a class without any gets none, and no class gets more
-        than it has.
-
-    Returns
-    -------
-    np.ndarray of int64, shape (C,), summing to ``m`` unless capped by ``available``.
-    """
-    share = np.where(available > 0, np.asarray(counts, dtype=np.float64), 0.0)
-    if share.sum() == 0 or m <= 0:
-        return np.zeros(len(share), dtype=np.int64)
-    q = m * share / share.sum()
-    k = np.floor(q).astype(np.int64)
-    rest = int(m - k.sum())
-    order = np.argsort(-(q - k), kind="stable")   # largest remainders first, ties to the lower class
-    k[order[:rest]] += 1
-    return np.minimum(k, available)
-
-
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on uint64 (wrapping arithmetic): a well-spread hash of each value."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -77,7 +49,9 @@ def window_offsets(seed: int, clients: np.ndarray, cls: int, size: int) -> np.nd
 
 
 def quotas(counts: np.ndarray, m: np.ndarray, available: np.ndarray) -> np.ndarray:
-    """:func:`class_quota` of every client at once: (N, C) rows per client and class.
+    """Rows of each class for every client: (N, C) int64, client i's ``m[i]`` split in proportion to its
+    training label counts ``counts[i]`` (N, C), by largest remainders (ties to the lower class); a class
+    without test samples (``available`` (C,) per class) gets none, and none gets more than it has.
 
     Only the clients with rows left after the floors rank their remainders (none where every
     share is whole, e.g. a client of 2 samples in 2 classes or 1 class and an even ``m``)."""
@@ -176,18 +150,3 @@ def client_test_pairs(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
     by = _stable_order(rows, y.size)
     sample = np.repeat(np.arange(y.size, dtype=np.int64), np.bincount(rows, minlength=y.size))   # rows[by]
     return sizes, sample, who[by]
-
-
-def client_test_sets(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
-                     min_size: int = MIN_SIZE) -> tuple[np.ndarray, np.ndarray]:
-    """Every client's held-out test rows (:func:`client_test_pairs`), as a CSR pair.
-
-    Returns
-    -------
-    offsets : np.ndarray of int64, shape (N + 1,)
-    rows : np.ndarray of int64, shape (offsets[-1],)
-        Client i's test rows are ``rows[offsets[i]:offsets[i + 1]]``, sorted.
-    """
-    sizes, sample, client = client_test_pairs(y_test, class_counts, seed, min_size)
-    by = _stable_order(client, sizes.size)       # by client; a client's rows stay ascending
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), sample[by]

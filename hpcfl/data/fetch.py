@@ -235,12 +235,13 @@ def get(name: str, source: Source, root: str, mirror: str | None = None,
             continue
         part = os.path.join(root, SCRATCH, remote.name + ".part")
         url = url_of(remote, mirror)
-        if os.path.exists(part) and verify(part, remote) is None:   # finished, or copied in by hand
+        complete = os.path.exists(part) and verify(part, remote) is None   # finished, or copied in by hand
+        if complete:
             say(f"{name}: {part} is complete")
         else:
             say(f"{name}: {url} ({size_text(remote)})")
             download(url, part, say, opener)
-        problem = verify(part, remote)
+        problem = None if complete else verify(part, remote)   # a complete .part was hashed just now
         if problem:
             rejected = os.path.join(root, SCRATCH, remote.name + ".rejected")
             os.replace(part, rejected)

@@ -91,8 +91,13 @@ def read_cifar_batch(path: str, label_key: str, expected: str) -> tuple[np.ndarr
     return data.reshape(n, 3, 32, 32), y
 
 
+def _under(root: str, subdirs: tuple[str, ...]) -> list[str]:
+    """The folders ``subdirs`` of ``root``, in order ("" is ``root`` itself)."""
+    return [os.path.join(root, s) if s else root for s in subdirs]
+
+
 def _find_dir(root: str, marker: str, candidates: tuple[str, ...], what: str) -> str:
-    tried = [os.path.join(root, c) if c else root for c in candidates]
+    tried = _under(root, candidates)
     for d in tried:
         if os.path.exists(os.path.join(d, marker)):
             return d
@@ -123,8 +128,13 @@ def root_check(name: str, what: str, find=None):
     return check
 
 
+def _npz_path(opts, root: str | None) -> str:
+    """``data.npz.file``, absolute or relative to data.root."""
+    return opts.file if os.path.isabs(opts.file) or root is None else os.path.join(root, opts.file)
+
+
 def _npz_files(opts, root: str | None) -> list[str]:
-    path = opts.file if os.path.isabs(opts.file) or root is None else os.path.join(root, opts.file)
+    path = _npz_path(opts, root)
     if root is not None and not os.path.isdir(root):
         return [f"data.root = {root!r} is not a directory (data.npz.file = {opts.file!r} is read from it)"]
     if not os.path.exists(path):
@@ -309,28 +319,25 @@ class EmnistOptions(ImageNormOptions):
         "help": "transpose the images to MNIST's orientation (EMNIST stores them transposed)"})
 
 
-def _EMNIST_DIRS(root):
-    return [root, os.path.join(root, "gzip"), os.path.join(root, "EMNIST", "raw")]
-
-
-_MNIST_DIRS = ("", "MNIST/raw", "mnist")
+_MNIST_DIRS = ("", "MNIST/raw", "mnist")   # where under data.root the IDX files may be ("": data.root itself)
 _FASHION_DIRS = ("", "FashionMNIST/raw", "fashion_mnist", "fashion-mnist")
+_EMNIST_DIRS = ("", "gzip", "EMNIST/raw")
 
 
 def _idx_find(name: str, subdirs: tuple[str, ...]):
     def find(opts, root):
-        _find_file([os.path.join(root, s) if s else root for s in subdirs], "train-images-idx3-ubyte", name)
+        _find_file(_under(root, subdirs), "train-images-idx3-ubyte", name)
     return find
 
 
 def _emnist_find(opts, root):
-    _find_file(_EMNIST_DIRS(root), f"emnist-{opts.split}-train-images-idx3-ubyte", "emnist")
+    _find_file(_under(root, _EMNIST_DIRS), f"emnist-{opts.split}-train-images-idx3-ubyte", "emnist")
 
 
 def _idx_loader(name: str, subdirs: tuple[str, ...]):
     def load(opts: MnistOptions, root: str | None, seed: int) -> Dataset:
         root = _need_root(root, name, "IDX files")
-        dirs = [os.path.join(root, s) if s else root for s in subdirs]
+        dirs = _under(root, subdirs)
         xtr, ytr, where = _load_idx_pair(dirs, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", name)
         xte, yte, _ = _load_idx_pair(dirs, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", name)
         return _image_dataset(name, opts, xtr[:, None], ytr, xte[:, None], yte, 10, False, where)
@@ -345,7 +352,7 @@ def load_emnist(opts: EmnistOptions, root: str | None, seed: int) -> Dataset:
     ``letters`` labels 1..26 are shifted to 0..25.
     """
     root = _need_root(root, "emnist", "IDX files")
-    dirs = _EMNIST_DIRS(root)
+    dirs = _under(root, _EMNIST_DIRS)
     s = f"emnist-{opts.split}"
     xtr, ytr, where = _load_idx_pair(dirs, f"{s}-train-images-idx3-ubyte", f"{s}-train-labels-idx1-ubyte", "emnist")
     xte, yte, _ = _load_idx_pair(dirs, f"{s}-test-images-idx3-ubyte", f"{s}-test-labels-idx1-ubyte", "emnist")
@@ -379,7 +386,7 @@ def load_npz(opts: NpzOptions, root: str | None, seed: int) -> Dataset:
     (normalise them beforehand). Without a test split, ``test_fraction`` of the samples,
     chosen with ``default_rng(seed)``, become the test set.
     """
-    path = opts.file if os.path.isabs(opts.file) or root is None else os.path.join(root, opts.file)
+    path = _npz_path(opts, root)
     exp = "an .npz archive with arrays x and y (optionally x_test and y_test)"
     with _open(path, exp) as f:
         try:

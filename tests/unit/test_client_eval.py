@@ -5,12 +5,12 @@ import h5py
 import numpy as np
 import pytest
 from runner import job, run_memory
+from test_client_eval_draw import class_quota, client_test_sets
 
 from hpcfl import cli, config, data
 from hpcfl.analysis.fairness import fairness
 from hpcfl.analysis.report import report_text
 from hpcfl.config.tomltext import toml_document
-from hpcfl.data.client_test import class_quota, client_test_sets
 from hpcfl.errors import HpcflError
 from hpcfl.io.results import ResultsWriter
 from hpcfl.results import load

@@ -261,12 +261,16 @@ def test_a_file_copied_in_by_hand_needs_no_network(tmp_path, monkeypatch, capsys
     root = tmp_path / "d"
     (root / fetch.SCRATCH).mkdir(parents=True)
     (root / fetch.SCRATCH / "cifar-10-python.tar.gz.part").write_bytes(blob)
+    hashed = []
+    digests = fetch._digests
+    monkeypatch.setattr(fetch, "_digests", lambda path, *a: hashed.append(path) or digests(path, *a))
     with Mirror({}) as m:
         url = m.url
     rc, out, err = get("cifar10", root, url, capsys)   # the server is gone: nothing is fetched
     assert rc == 0, err
     assert "is complete" in out
     assert sorted(os.listdir(root)) == ["cifar-10-batches-py"]
+    assert len(hashed) == 1   # the complete .part is hashed once, not again before it is placed
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100", "mnist", "fashion_mnist", "emnist", "speech_commands"])
