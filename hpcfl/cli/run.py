@@ -170,7 +170,6 @@ def _commit(cfg, out: Path, plan: Plan):
         out.mkdir(parents=True, exist_ok=True)
         if cfg.results.locking and not rundir.holding():
             rundir.lock(out)
-        rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
         rundir.clear_stall(out)   # an earlier attempt's watchdog note; this attempt has not stalled
         store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
         store.hold()   # from here on the run writes only into this folder, wherever it goes (docs/reliability.md)
