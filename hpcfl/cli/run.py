@@ -340,16 +340,19 @@ def _run(args, comm) -> int:
         accuracy = getattr(setup.model.module, "loss", None) is None   # the quadratic has a loss, no accuracy
         progress = Progress(cfg.run.rounds, cfg.runtime.progress, accuracy=accuracy, start=start)
 
+    def on_round_failed(exc):   # disk full: say so, end every rank; checkpoints stay valid
+        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+        writer.close_after_failure()
+        if comm.size == 1:   # no exit handlers: HDF5's may crash after a write that failed
+            sys.stdout.flush()
+            os._exit(EXIT_WRITE)
+        comm.Abort(EXIT_WRITE)   # the other ranks may be in a collective: only an abort reaches them
+
     def on_round(metrics, clients):
         try:
             writer.append_round(metrics, clients)
-        except HpcflError as exc:     # disk full: say so, end every rank; checkpoints stay valid
-            print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-            writer.close_after_failure()
-            if comm.size == 1:   # no exit handlers: HDF5's may crash after a write that failed
-                sys.stdout.flush()
-                os._exit(EXIT_WRITE)
-            comm.Abort(EXIT_WRITE)   # the other ranks may be in a collective: only an abort reaches them
+        except HpcflError as exc:
+            on_round_failed(exc)
         history.append(metrics)
         progress.update(metrics)
 
@@ -359,14 +362,6 @@ def _run(args, comm) -> int:
         except HpcflError as exc:
             on_round_failed(exc)
         fair.append((round_, accuracy))
-
-    def on_round_failed(exc):
-        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-        writer.close_after_failure()
-        if comm.size == 1:
-            sys.stdout.flush()
-            os._exit(EXIT_WRITE)
-        comm.Abort(EXIT_WRITE)
 
     def checkpoint(done, x_now, sim_now):
         nonlocal aside
