@@ -54,12 +54,11 @@ def plan_run(cfg, out: Path, args) -> Plan:
     from ..engine import resume
     from ..io import results, resume_check
     from ..io.checkpoint import CheckpointStore
+    from ..io.heldir import link_error
 
     ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
     if ckpt_dir.is_symlink():   # held open without following links: refused before a probe file goes through it
-        raise HpcflError(f"the checkpoint folder {ckpt_dir} is a symbolic link (to {os.readlink(ckpt_dir)}); a run "
-                         f"holds its checkpoint folder open and never follows a link there. Set checkpoint.dir to "
-                         f"the folder itself")
+        raise link_error(ckpt_dir)
     rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
     rundir.check_writable(ckpt_dir, "checkpoint.dir", "set checkpoint.dir to a directory you can write, or leave "
                                                       "it unset for <out>/checkpoints")
