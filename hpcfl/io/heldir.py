@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from ..errors import HpcflError
+from . import safefs
 
 _PROC = Path("/proc/self/fd")
 
@@ -68,11 +69,7 @@ class HeldDir:
 
     def fsync(self) -> None:
         """Put a rename in the held folder on disk (some network filesystems refuse: nothing more to do)."""
-        try:
-            os.fsync(self.fd)
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-                raise
+        safefs.fsync_dir(self.fd)
 
     def where(self) -> str:
         """Where the held folder is now (it may have been moved), as the kernel names it."""
