@@ -213,8 +213,7 @@ def closing_lines(fair: list, command_s: float) -> list[str]:
 def batching(flush_seconds: float) -> dict:
     """How rank 0 buffers rounds before writing them to results.h5 (``results.flush_seconds``; 0:
     every round): at most that many seconds, and a bounded number of client rows (about 40 MB)."""
-    return {"batch_rounds": 1 if flush_seconds <= 0 else 1 << 30, "batch_seconds": float(flush_seconds),
-            "batch_rows": 1 << 18}
+    return {"batch_seconds": float(flush_seconds), "batch_rows": 1 << 18}
 
 
 def _close(writer) -> None:
