@@ -54,12 +54,11 @@ def plan_run(cfg, out: Path, args) -> Plan:
     from ..engine import resume
     from ..io import results, resume_check
     from ..io.checkpoint import CheckpointStore
+    from ..io.heldir import link_error
 
     ckpt_dir = Path(cfg.checkpoint.dir or out / "checkpoints")
     if ckpt_dir.is_symlink():   # held open without following links: refused before a probe file goes through it
-        raise HpcflError(f"the checkpoint folder {ckpt_dir} is a symbolic link (to {os.readlink(ckpt_dir)}); a run "
-                         f"holds its checkpoint folder open and never follows a link there. Set checkpoint.dir to "
-                         f"the folder itself")
+        raise link_error(ckpt_dir)
     rundir.check_writable(out, "--out", "choose a directory you can write, e.g. --out runs/NAME")
     rundir.check_writable(ckpt_dir, "checkpoint.dir", "set checkpoint.dir to a directory you can write, or leave "
                                                       "it unset for <out>/checkpoints")
@@ -170,7 +169,6 @@ def _commit(cfg, out: Path, plan: Plan):
         out.mkdir(parents=True, exist_ok=True)
         if cfg.results.locking and not rundir.holding():
             rundir.lock(out)
-        rundir.claim(plan.ckpt_dir, plan.run_id, out / "results.h5")
         rundir.clear_stall(out)   # an earlier attempt's watchdog note; this attempt has not stalled
         store = CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep)
         store.hold()   # from here on the run writes only into this folder, wherever it goes (docs/reliability.md)
@@ -215,8 +213,7 @@ def closing_lines(fair: list, command_s: float) -> list[str]:
 def batching(flush_seconds: float) -> dict:
     """How rank 0 buffers rounds before writing them to results.h5 (``results.flush_seconds``; 0:
     every round): at most that many seconds, and a bounded number of client rows (about 40 MB)."""
-    return {"batch_rounds": 1 if flush_seconds <= 0 else 1 << 30, "batch_seconds": float(flush_seconds),
-            "batch_rows": 1 << 18}
+    return {"batch_seconds": float(flush_seconds), "batch_rows": 1 << 18}
 
 
 def _close(writer) -> None:
@@ -341,16 +338,19 @@ def _run(args, comm) -> int:
         accuracy = getattr(setup.model.module, "loss", None) is None   # the quadratic has a loss, no accuracy
         progress = Progress(cfg.run.rounds, cfg.runtime.progress, accuracy=accuracy, start=start)
 
+    def on_round_failed(exc):   # disk full: say so, end every rank; checkpoints stay valid
+        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
+        writer.close_after_failure()
+        if comm.size == 1:   # no exit handlers: HDF5's may crash after a write that failed
+            sys.stdout.flush()
+            os._exit(EXIT_WRITE)
+        comm.Abort(EXIT_WRITE)   # the other ranks may be in a collective: only an abort reaches them
+
     def on_round(metrics, clients):
         try:
             writer.append_round(metrics, clients)
-        except HpcflError as exc:     # disk full: say so, end every rank; checkpoints stay valid
-            print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-            writer.close_after_failure()
-            if comm.size == 1:   # no exit handlers: HDF5's may crash after a write that failed
-                sys.stdout.flush()
-                os._exit(EXIT_WRITE)
-            comm.Abort(EXIT_WRITE)   # the other ranks may be in a collective: only an abort reaches them
+        except HpcflError as exc:
+            on_round_failed(exc)
         history.append(metrics)
         progress.update(metrics)
 
@@ -360,14 +360,6 @@ def _run(args, comm) -> int:
         except HpcflError as exc:
             on_round_failed(exc)
         fair.append((round_, accuracy))
-
-    def on_round_failed(exc):
-        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-        writer.close_after_failure()
-        if comm.size == 1:
-            sys.stdout.flush()
-            os._exit(EXIT_WRITE)
-        comm.Abort(EXIT_WRITE)
 
     def checkpoint(done, x_now, sim_now):
         nonlocal aside

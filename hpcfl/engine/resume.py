@@ -180,8 +180,7 @@ def problems(s, spec) -> str | None:
     found = [check("model", x.shape, x.dtype)]
     for it in state_items(s):
         if isinstance(it, ClientTable):
-            rows = it.get()
-            found.append(check(f"clients.{it.name}", (len(s.owner), it.width), rows.dtype))
+            found.append(check(f"clients.{it.name}", (len(s.owner), it.width), _dtype(it)))
         elif isinstance(it, ServerArray) and it.get() is not None:
             now = np.asarray(it.get())   # the state a fresh run starts from: same shape and type
             found.append(check(f"server.{it.name}", now.shape, now.dtype))

@@ -207,15 +207,8 @@ def round_context(s: Setup, rnd: int, collective: Collectives, lr: float) -> Rou
     mine = np.flatnonzero(s.owner[cohort] == s.comm.rank)
     log = (lambda msg: print(f"hpcfl: round {rnd + 1}: {msg}", flush=True)) if s.comm.rank == 0 else (lambda msg: None)
     return RoundContext(rnd, s.cfg.run.rounds, s.cfg.run.seed, cohort, s.sizes[cohort], s.sizes, s.class_counts,
-                        lr, mine, s.slot[cohort], collective, _home(s),
+                        lr, mine, s.slot[cohort], collective, s.home,
                         LocalClients(s, rnd, cohort), draws, log=log)
-
-
-def _home(s: Setup) -> np.ndarray:
-    """This rank's own clients (a Setup built by hand may lack them: found then, once)."""
-    if s.home is None:
-        s.home = np.flatnonzero(s.owner == s.comm.rank)
-    return s.home
 
 
 def run(s: Setup, on_round=None, start: int = 0, sim_time: float = 0.0, x: np.ndarray | None = None,

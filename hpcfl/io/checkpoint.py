@@ -62,8 +62,8 @@ import numpy as np
 
 from hpcfl.errors import HpcflError
 from hpcfl.io import h5check, safefs
+from hpcfl.io.ckptblocks import FileArrays, Streamed, hash_bytes, hash_dataset, header
 from hpcfl.io.heldir import HeldDir
-from hpcfl.io.ckptblocks import FileArrays, Streamed, hash_dataset, header
 
 FORMAT_VERSION = 1
 _CALLER_KEYS = ("world_size", "config_sha256", "versions")
@@ -101,8 +101,7 @@ def _open_h5(path: Path, mode: str) -> h5py.File:
 
 def _hash_update(h, name: str, arr: np.ndarray) -> None:
     h.update(header(name, arr.dtype, arr.shape))
-    # Hash the buffer itself, not tobytes(): no second copy of a large model.
-    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    hash_bytes(h, arr)
 
 
 def payload_sha256(arrays: dict) -> str:
@@ -340,7 +339,7 @@ class CheckpointStore:
                     h.update(header(name, a.dtype, a.shape))
                     for r0, r1, rows in a:   # one block in memory at a time
                         ds[r0:r1] = rows
-                        h.update(np.ascontiguousarray(rows).reshape(-1).view(np.uint8))
+                        hash_bytes(h, rows)
                 else:
                     g.create_dataset(name, data=a)
                     _hash_update(h, name, a)

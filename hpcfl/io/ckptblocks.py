@@ -40,6 +40,12 @@ def header(name: str, dtype: np.dtype, shape) -> bytes:
     return (json.dumps([name, np.dtype(dtype).str, [int(n) for n in shape]]) + "\n").encode()
 
 
+def hash_bytes(h, arr) -> None:
+    """Update ``h`` with ``arr``'s raw C-order bytes: the buffer itself, not tobytes() (no second copy
+    of a large block)."""
+    h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+
+
 def row_bytes(shape, dtype) -> int:
     return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
 
@@ -77,10 +83,10 @@ def hash_dataset(h, name: str, ds) -> None:
     """Update ``h`` with a stored dataset's header and bytes, one block at a time."""
     h.update(header(name, ds.dtype, ds.shape))
     if ds.ndim == 0:
-        h.update(np.ascontiguousarray(ds[()]).reshape(-1).view(np.uint8))
+        hash_bytes(h, ds[()])
         return
     for r0, r1 in row_blocks(ds.shape[0], row_bytes(ds.shape, ds.dtype)):
-        h.update(np.ascontiguousarray(ds[r0:r1]).reshape(-1).view(np.uint8))
+        hash_bytes(h, ds[r0:r1])
 
 
 class FileArrays:

@@ -24,12 +24,20 @@ import os
 from pathlib import Path
 
 from ..errors import HpcflError
+from . import safefs
 
 _PROC = Path("/proc/self/fd")
 
 
 class DirectoryMoved(HpcflError):
     """The folder at a held directory's path is no longer the held directory."""
+
+
+def link_error(path: Path, what: str = "the checkpoint folder") -> HpcflError:
+    """The input error for a folder to hold that is a symbolic link (``hpcfl run`` raises it before
+    it writes a probe file through the link, :class:`HeldDir` when it meets one)."""
+    return HpcflError(f"{what} {path} is a symbolic link (to {os.readlink(path)}); a run holds its checkpoint "
+                      f"folder open and never follows a link there. Set checkpoint.dir to the folder itself")
 
 
 class HeldDir:
@@ -45,9 +53,7 @@ class HeldDir:
             self.fd = os.open(self.path, flags)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR) and self.path.is_symlink():
-                raise HpcflError(f"{what} {self.path} is a symbolic link (to {os.readlink(self.path)}); a run holds "
-                                 f"its checkpoint folder open and never follows a link there. Set checkpoint.dir "
-                                 f"to the folder itself") from None
+                raise link_error(self.path, what) from None
             raise HpcflError(f"cannot open {what} {self.path} ({exc.strerror or exc})") from None
         st = os.fstat(self.fd)
         self.ident = (st.st_dev, st.st_ino)
@@ -63,11 +69,7 @@ class HeldDir:
 
     def fsync(self) -> None:
         """Put a rename in the held folder on disk (some network filesystems refuse: nothing more to do)."""
-        try:
-            os.fsync(self.fd)
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-                raise
+        safefs.fsync_dir(self.fd)
 
     def where(self) -> str:
         """Where the held folder is now (it may have been moved), as the kernel names it."""

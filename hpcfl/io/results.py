@@ -101,18 +101,18 @@ class ResultsWriter:
         Records the policies declare, appended to :data:`METRICS` and :data:`CLIENT_FIELDS`.
     client_eval : bool
         Keep ``/client_eval`` (per-client evaluation, :meth:`append_client_eval`).
-    batch_rounds, batch_seconds, batch_rows : int, float, int
-        Rounds are buffered and written together once this many rounds, seconds or client rows have
-        gathered (see :meth:`append_round`); the defaults write every round at once.
+    batch_seconds, batch_rows : float, int
+        Rounds are buffered and written together once this many seconds or client rows have gathered
+        (see :meth:`append_round`); the defaults (0 s) write every round at once.
     """
 
     @h5check.quiet
     def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
                  metric_fields: dict | None = None, client_fields: dict | None = None, client_eval: bool = False,
-                 batch_rounds: int = 1, batch_seconds: float = 0.0, batch_rows: int = 1 << 20):
+                 batch_seconds: float = 0.0, batch_rows: int = 1 << 20):
         self.path = Path(path)
         self.client_eval = client_eval
-        self.batch_rounds, self.batch_seconds, self.batch_rows = max(1, int(batch_rounds)), batch_seconds, batch_rows
+        self.batch_seconds, self.batch_rows = batch_seconds, batch_rows
         self._pending, self._pending_rows, self._written_at = [], 0, time.monotonic()
         self._final = self.path.with_name(self.path.name + ".final")   # see _normal_mode
         self.metrics = {**METRICS, **(metric_fields or {})}
@@ -242,7 +242,7 @@ class ResultsWriter:
         """Add one round: ``metrics`` has a scalar per metric field, ``clients`` an array per client field.
 
         The round is kept in memory and written with the others buffered since the last write once
-        ``batch_rounds`` rounds, ``batch_rows`` client rows or ``batch_seconds`` seconds have gathered
+        ``batch_rows`` client rows or ``batch_seconds`` seconds (0: every round) have gathered
         (and always by :meth:`sync`, :meth:`write_final`, :meth:`mark_diverged` and :meth:`close`): one
         resize and one write per dataset for the lot, instead of 33 resizes and a flush in every round
         while the other ranks wait at the round's end. A crash loses the buffered rounds only, and they
@@ -257,8 +257,7 @@ class ResultsWriter:
                               {name: np.array(clients[name], dtype=f.dtype).reshape(-1)
                                for name, f in self.client_fields.items()}))
         self._pending_rows += len(clients["client"])
-        if (len(self._pending) >= self.batch_rounds or self._pending_rows >= self.batch_rows
-                or time.monotonic() - self._written_at >= self.batch_seconds):
+        if self._pending_rows >= self.batch_rows or time.monotonic() - self._written_at >= self.batch_seconds:
             self.write_pending()
 
     @h5check.quiet

@@ -116,14 +116,23 @@ def fsync(path: Path, directory: bool = False) -> None:
     flags = os.O_RDONLY | (os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0) if directory else _FLAGS)
     fd = os.open(path, flags)
     try:
+        if directory:
+            fsync_dir(fd)
+        else:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(fd: int) -> None:
+    """Put a rename in the open directory ``fd`` on disk."""
+    try:
         os.fsync(fd)
     except OSError as e:
         # Some network filesystems refuse fsync on a directory; the rename is then as
         # durable as that filesystem makes it, and nothing more can be done.
-        if not (directory and e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
             raise
-    finally:
-        os.close(fd)
 
 
 def discard(path: Path) -> None:
