@@ -70,9 +70,7 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
         if path.exists():
             cachedir.check(path)
     except cachedir.UntrustedFolder as err:   # never read from, never written to
-        if cachedir.first_time(err):
-            print(f"hpcfl: the dataset cache is not used: {err}; generating the data for this run only", flush=True)
-        return make()
+        return _untrusted(err, make)
     except OSError as err:   # cannot be created or looked at: only the speed-up is lost
         print(f"hpcfl: could not write the dataset cache {path.parent} ({err}); set data.cache = 'off' or a "
               f"writable folder to silence this", flush=True)
@@ -81,6 +79,8 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
     if path.exists():
         try:
             return _read(path)
+        except cachedir.UntrustedFolder as err:   # a file in it someone else could have written: as a folder
+            return _untrusted(err, make)
         except (OSError, ValueError, KeyError, TypeError) as err:
             damaged = True
             print(f"hpcfl: dataset cache entry {path} is unreadable or does not match what was cached ({err}); "
@@ -97,6 +97,13 @@ def load_or_make(root: Path | None, name: str, options, seed: int, make) -> Data
         print(f"hpcfl: could not write the dataset cache {path} ({err}); set data.cache = 'off' or a writable "
               f"folder to silence this", flush=True)
     return ds
+
+
+def _untrusted(err: cachedir.UntrustedFolder, make) -> Dataset:
+    """``make()``, the entry neither read nor replaced (someone else could have written it), said once."""
+    if cachedir.first_time(err):
+        print(f"hpcfl: the dataset cache is not used: {err}; generating the data for this run only", flush=True)
+    return make()
 
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")

@@ -178,7 +178,8 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to anoth
 
 @pytest.mark.parametrize("how", [
     pytest.param("other user owns the root", marks=as_root), pytest.param("other user owns the entry", marks=as_root),
-    "datasets/ group-writable", "entry writable by others", "control: trusted"])
+    pytest.param("other user owns a file", marks=as_root), "datasets/ group-writable", "entry writable by others",
+    "a file group-writable", "control: trusted"])
 def test_a_planted_entry_where_others_can_write_is_never_used(tmp_path, capsys, how):
     """Every training label shifted by one and meta.json recomputed to match was trained on (issue
     37.1): the hashes only catch damage. Now the entry is not read and the data is generated."""
@@ -191,11 +192,12 @@ def test_a_planted_entry_where_others_can_write_is_never_used(tmp_path, capsys, 
     meta["files"]["y_train.npy"] = {"sha256": cache._sha256(entry / "y_train.npy"), **cache._stamp(entry / "y_train.npy")}
     (entry / "meta.json").write_text(json.dumps(meta))
     bad = {"other user owns the root": root, "other user owns the entry": entry,
-           "datasets/ group-writable": entry.parent, "entry writable by others": entry}.get(how)
+           "datasets/ group-writable": entry.parent, "entry writable by others": entry,
+           "other user owns a file": entry / "y_train.npy", "a file group-writable": entry / "y_train.npy"}.get(how)
     if "other user" in how:
         os.chown(bad, NOBODY, NOBODY)
     elif "writable" in how:
-        os.chmod(bad, 0o777 if "others" in how else 0o770)
+        os.chmod(bad, 0o777 if "others" in how else 0o770 if bad.is_dir() else 0o660)
     capsys.readouterr()
     got = data.load_dataset("synthetic_images", SMALL, None, 0, str(root))
     if how.startswith("control"):   # the plant is a valid one: where only its owner can write, it is used
