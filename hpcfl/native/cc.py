@@ -127,6 +127,21 @@ def verified(target: Path) -> bool | None:
         return False
 
 
+def _not_verified(target: Path) -> str:
+    """Why :func:`verified` said False of ``target``, for the warning."""
+    side = _digest_path(target)
+    for path in (target, side):
+        try:
+            why = cachedir.untrusted_because(os.stat(path))
+        except OSError:
+            continue
+        if why:
+            return f"could have been replaced by someone else ({path} is {why})"
+    if side.exists():
+        return "does not match its recorded hash (damaged, e.g. by a full disk, or replaced)"
+    return "has no recorded hash (an older hpcfl's, or damaged)"
+
+
 def load(source: Path, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The shared library built from the C file ``source`` (with :data:`FLAGS` and then ``flags``),
     compiled on first use; None where no C compiler can be had, compiling fails, or ``HPCFL_NO_CC``
@@ -152,9 +167,8 @@ def load(source: Path, flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
             except OSError:   # an unloadable file with a matching hash (copied from another machine?)
                 pass
         elif ok is False:   # never mapped: a damaged library can crash the process (SIGBUS, SIGILL)
-            why = ("does not match its recorded hash (damaged, e.g. by a full disk, or replaced)"
-                   if _digest_path(target).exists() else "has no recorded hash (an older hpcfl's, or damaged)")
-            warnings.warn(f"hpcfl: the compiled kernel {target} {why}; compiling it again", stacklevel=2)
+            warnings.warn(f"hpcfl: the compiled kernel {target} {_not_verified(target)}; compiling it again",
+                          stacklevel=2)
         _compile(cc, source, target, flags)
         return ctypes.CDLL(str(target))
     except cachedir.UntrustedFolder as err:   # never read from, never written to: compile privately
