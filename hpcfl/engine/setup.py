@@ -1,0 +1,126 @@
+"""What one rank builds before the first round: :func:`prepare` and the :class:`Setup` it returns.
+
+The data (generated once per node on a cache miss), the partition, this rank's block of clients,
+the model, the trainer, the policies, the simulated clock and per-client evaluation: everything
+:func:`hpcfl.engine.simulation.run` reads. Nothing here writes a file or talks to another rank
+beyond the placement's and the data's own collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import rng
+from ..algorithms import Algorithm
+from ..client.trainer import Trainer
+from ..errors import ConfigError
+from ..parallel.comm import owners
+from ..parallel.gpus import place
+from ..parallel.runtime import configure_determinism, pick_threads
+from ..params import FlatModel
+from .dataload import load_per_node
+
+
+@dataclass
+class Setup:
+    """Everything one rank needs for the loop (built by :func:`prepare`)."""
+
+    cfg: object
+    comm: object
+    device: torch.device
+    dataset: object
+    parts: list            # per-client train index arrays (numpy), all clients
+    sizes: np.ndarray      # (N,) samples per client
+    owner: np.ndarray      # (N,) rank of each client
+    slot: np.ndarray       # (N,) position of a client among its rank's clients (-1 elsewhere)
+    client_index: torch.Tensor   # every client's sample indices, concatenated in id order, on device
+    client_offset: np.ndarray    # (N + 1,) offsets into client_index
+    model: FlatModel
+    trainer: Trainer
+    algo: Algorithm
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    threads: int
+    class_counts: np.ndarray = None   # (N, C) label counts per client
+    system: object = None  # hpcfl.system.SystemModel when [system] enabled
+    block: object = None   # hpcfl.client.block.BlockTrainer when runtime.vectorize chose it
+    dealt: bool | None = None   # each round's training dealt to ranks by expected work (set by settle_placement)
+    migration: object = None    # hpcfl.engine.placement.Migration when dealt clients carry per-client state
+    placement: object = None    # hpcfl.parallel.gpus.Placement: host, node-local rank, device
+    acc: object = None          # the round's sum (hpcfl.parallel.gridsum.GridSum or comm.FloatSum), see accumulator()
+    client_eval: object = None  # hpcfl.engine.evaluation.ClientEval when run.eval_clients applies (a classifier)
+    home: np.ndarray = None     # ids of this rank's own clients, ascending (found once: a round never scans all N)
+
+
+def prepare(cfg, comm) -> Setup:
+    """Load data, partition, place clients, build the model and the policies on this rank."""
+    from .. import data, models
+    from ..models import pool
+
+    configure_determinism(cfg.runtime.deterministic)   # before CUDA is first touched
+    placement = place(comm, cfg.runtime.device, cfg.runtime.share_gpus)
+    device, local_size = placement.device, placement.local_size
+    dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
+
+    ds = load_per_node(cfg, comm)   # generated once per node on a cache miss
+    parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients, cfg.partition_options,
+                                cfg.run.seed, ds)
+    if len(parts) != cfg.data.num_clients:
+        raise ConfigError(f"data.num_clients = {cfg.data.num_clients} but the partition made {len(parts)} clients; "
+                          f"set data.num_clients = {len(parts)}")
+    flat = getattr(parts, "flat", None)   # most partitions come concatenated too (data.partition.Groups)
+    sizes = parts.sizes if flat is not None else np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    empty = np.flatnonzero(sizes == 0)
+    if empty.size:
+        raise ConfigError(f"{empty.size} clients got no training samples (first: client {empty[0]}); "
+                          f"lower data.num_clients or use a partition with a minimum size")
+    if cfg.algorithm.batch_size > len(ds.y_train):   # batch buffers are B samples long
+        raise ConfigError(f"algorithm.batch_size = {cfg.algorithm.batch_size} exceeds the whole training set "
+                          f"({len(ds.y_train)} samples); a batch holds at most one client's samples, so for "
+                          f"full-batch steps set it to the largest client's size, {int(sizes.max())}")
+    owner = owners(cfg.data.num_clients, comm.size, cfg.runtime.placement)
+    mine = np.flatnonzero(owner == comm.rank)
+    slot = np.full(cfg.data.num_clients, -1, dtype=np.int64)
+    slot[mine] = np.arange(mine.size)
+    # Every client's indices (8 bytes per training sample) on every rank, so that any rank can train any client.
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    index = flat if flat is not None else np.concatenate(parts, dtype=np.int64)   # class counts read it too
+
+    torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
+    module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
+    model = FlatModel(module, device, dtype)
+    threads = pick_threads(cfg.runtime.threads, local_size, model.num_params)   # by the model's size
+    torch.set_num_threads(threads)
+    pool.load_for(module, device)   # the compiled pooling's load belongs to start-up, not to round 1
+    x_train = torch.from_numpy(ds.x_train).to(device=device, dtype=dtype)
+    y_train = torch.from_numpy(ds.y_train).to(device=device)
+    augment = None
+    if ds.augment:
+        from ..data.augment import augment_batch
+        augment = augment_batch
+    trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
+    algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype, sizes)
+    from ..client.block import choose_block_trainer
+    block = choose_block_trainer(cfg, comm, model, augment, algo.solver.spec, x_train, y_train)
+    system = None
+    if cfg.system is not None and cfg.system.enabled:
+        from ..system import SystemModel
+        item = model.flat.element_size()
+        nbytes = model.length * item
+        up, down = algo.transfer()          # the policies' extra floats each way (SCAFFOLD: Delta c, c)
+        system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
+                             download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
+    counts = data.class_counts_flat(ds.y_train, index, sizes, ds.num_classes)
+    client_eval = None
+    if cfg.run.eval_clients and getattr(module, "loss", None) is None:   # a classifier: per-sample hits and losses
+        from ..data.client_test import client_test_pairs
+        from .evaluation import ClientEval
+        client_eval = ClientEval(*client_test_pairs(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min))
+    return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
+                 torch.from_numpy(index).to(device), offsets, model, trainer, algo,
+                 torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
+                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block,
+                 placement=placement, client_eval=client_eval, home=mine)
