@@ -1,7 +1,7 @@
 """The round loop (docs/architecture.md), and nothing else.
 
-:func:`prepare` builds everything a rank needs (data, partition, model, policies);
-:func:`run` is the loop, readable top to bottom:
+:func:`hpcfl.engine.setup.prepare` builds everything a rank needs (data, partition, model,
+policies); :func:`run` is the loop, readable top to bottom:
 
 1. cohort      seeded by (seed, round); identical on every rank
 2. decisions   weights p_i over the sampled set, the statistics phase (per-client
