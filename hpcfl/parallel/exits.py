@@ -1,8 +1,7 @@
 """Exit codes, and how every rank of a job ends together.
 
-One low module that the command line (:mod:`hpcfl.cli`) and run control
-(:mod:`hpcfl.engine.control`) both use, so neither imports the other for them. The codes
-are the ones docs/guide.md and slurm/README.md list:
+The codes are defined beside the errors that carry them (:mod:`hpcfl.errors`, each error's
+``exit_code``) and are the ones docs/guide.md and slurm/README.md list:
 
 ==  ======================================================================================
 0   finished (or already finished)
@@ -21,13 +20,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ..errors import EXIT_DIVERGED, EXIT_GUARD, EXIT_INPUT, EXIT_RESUMABLE, EXIT_WRITE  # noqa: F401 (found here)
 from .mpi import mpi_module
-
-EXIT_INPUT = 2
-EXIT_GUARD = 3
-EXIT_DIVERGED = 4
-EXIT_WRITE = 74
-EXIT_RESUMABLE = 75
 
 
 def exit_all(code: int) -> None:
