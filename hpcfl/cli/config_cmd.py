@@ -290,10 +290,10 @@ def job_text(job, overrides: list[str]) -> str:
         cfg = config.from_dict(table)
     except config.ConfigError as exc:
         if missing:
-            raise config.ConfigError(notices.missing_tables(job, missing) + exc.problems) from None
+            raise config.ConfigError(notices.missing_tables(f"job file {str(job)!r}", missing) + exc.problems) from None
         raise
     if missing:
-        raise config.ConfigError(notices.missing_tables(job, missing))
+        raise config.ConfigError(notices.missing_tables(f"job file {str(job)!r}", missing))
     names = name_choices()
     lines = [f"# {job}, fully resolved by `hpcfl config`: every key with its default filled in.",
              "# Valid TOML: save it as a job file and edit. Keys marked (unset) are commented out.",

@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,25 +294,66 @@ def from_dict(table: dict) -> Config:
                   policy_options, system, **extra)
 
 
-def load(path: str | Path, overrides: list[str] | None = None, files: bool = False) -> Config:
-    """Read a job file, apply ``--set`` overrides and validate.
+def _plain(value, key: str):
+    """A copy of a job dict's ``value`` in TOML's types: tables, lists (from tuples too), str, bool, int,
+    float (numpy scalars become Python's); anything else is a ConfigError naming its key."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, key) for v in value]
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():   # a numpy scalar
+        value = value.item()
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    raise ConfigError(f"{key or 'the job'} = {value!r} (of type {type(value).__name__}) cannot be a job's value; "
+                      f"use a table (dict), list, str, bool, int or float")
 
-    The job must name its data and model: a file without ``[data]`` or ``[model]`` (an
+
+def read_any(job) -> tuple[dict, str, Path]:
+    """A job given as the path of a TOML job file, TOML text, or a dict of its tables.
+
+    Returns (its tables, how messages name it, the folder that relative paths in it start from:
+    the job file's own, or the current folder for text and dicts). A ``str`` holding a newline or
+    an ``=`` is TOML text; any other ``str`` or path-like is a file's path (pass ``pathlib.Path``
+    for a file name with ``=`` in it). A dict is copied: the caller's stays as it was.
+    """
+    if isinstance(job, Mapping):
+        return _plain(job, ""), "the job dict", Path.cwd()
+    if isinstance(job, str) and ("\n" in job or "=" in job):
+        try:
+            return tomllib.loads(job), "the job's TOML text", Path.cwd()
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"the job's TOML text is not valid TOML: {exc}") from None
+        except RecursionError:
+            raise ConfigError("the job's TOML text nests arrays or tables too deeply to read; a job nests a few "
+                              "levels at most") from None
+    if isinstance(job, (str, os.PathLike)):
+        return read_job(job), f"job file {str(job)!r}", Path(job).resolve().parent
+    raise ConfigError(f"a job is the path of a TOML job file, TOML text or a dict of tables; got {job!r:.60} (of "
+                      f"type {type(job).__name__})")
+
+
+def load(job, overrides: list[str] | None = None, files: bool = False) -> Config:
+    """Read a job (see :func:`read_any`: a file's path, TOML text or a dict), apply ``--set``
+    overrides and validate.
+
+    The job must name its data and model: a job without ``[data]`` or ``[model]`` (an
     empty one, say) is refused rather than run on the defaults. What the overrides decided
     (a component table left out) is in ``Config.notes``. ``files``: also check that the
     dataset's files are where the job says (``hpcfl run``), reported with the other problems.
     """
     notes: list[str] = []
-    table = apply_overrides(read_job(path), overrides or [], notes)
+    table, what, job_dir = read_any(job)
+    table = apply_overrides(table, list(overrides or []), notes)
     missing = [name for name in ("data", "model") if name not in table]
     found = data_file_problems(table) if files else []
     try:
         cfg = from_dict(table)
     except ConfigError as exc:
-        raise ConfigError(missing_tables(path, missing) + exc.problems + found) from None
+        raise ConfigError(missing_tables(what, missing) + exc.problems + found) from None
     if missing or found:
-        raise ConfigError(missing_tables(path, missing) + found)
-    return dataclasses.replace(cfg, job_dir=str(Path(path).resolve().parent), notes=tuple(notes))
+        raise ConfigError(missing_tables(what, missing) + found)
+    return dataclasses.replace(cfg, job_dir=str(job_dir), notes=tuple(notes))
 
 
 def data_file_problems(table: dict) -> list[str]:

@@ -18,12 +18,13 @@ from .sections import defaults as section_defaults
 from .tomltext import flatten
 
 
-def missing_tables(path, missing: list[str]) -> list[str]:
-    """The problem of a job file without [data] or [model] (none when ``missing`` is empty)."""
+def missing_tables(what: str, missing: list[str]) -> list[str]:
+    """The problem of a job without [data] or [model] (none when ``missing`` is empty); ``what``
+    names the job, e.g. ``job file 'x.toml'``."""
     if not missing:
         return []
     example = {"data": 'dataset = "digits"', "model": 'name = "mlp"'}
-    return [f"job file {str(path)!r} has no {' and no '.join(f'[{m}]' for m in missing)} table: a job names its "
+    return [f"{what} has no {' and no '.join(f'[{m}]' for m in missing)} table: a job names its "
             f"data and model ({'; '.join(f'[{m}] {example[m]}' for m in missing)}; see jobs/quickstart.toml) "
             f"instead of running on the defaults"]
 
