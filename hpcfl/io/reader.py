@@ -10,6 +10,7 @@ layout (``hpcfl.io.results``) before it is read. Anything wrong raises
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -53,6 +54,14 @@ class Results:
     num_classes: int | None = None
     source: Path | None = None   # the file it was read from
     client_eval: dict[str, np.ndarray] = dc_field(default_factory=dict)   # /client_eval (run.eval_clients)
+    # How the hpcfl.run call that returned these results ended: "finished", "diverged" (this call's
+    # rounds diverged), "already finished" or "already diverged" (nothing to do); None from load().
+    outcome: str | None = None
+
+    @property
+    def status(self) -> str:
+        """The run's status in the file: "running" (or stopped, killed), "finished" or "diverged"."""
+        return str(self.attrs.get("status", "running"))
 
     def __repr__(self) -> str:   # a few lines about the run, not every array (hpcfl.results.summary)
         return summary(self)
@@ -204,6 +213,51 @@ def _columns(f: h5py.File, group: str, path: Path, kinds: dict, live: bool) -> t
     return data, units
 
 
+class Columns(Mapping):
+    """A group of equal-length columns (``/clients``, ``/client_eval``) read from the file when first
+    used, then kept: what :func:`hpcfl.run` returns, so that a run's per-client tables, which grow with
+    rounds times cohort, are not read unless asked for. Reading checks them as :func:`load` does.
+
+    The names come from the file at once; ``rows`` (their length) too, without reading the data.
+    Pickled (every rank of a run receives its results), it carries the path, not the data.
+    """
+
+    def __init__(self, path: Path, group: str, kinds: dict, live: bool, names: list, rows: int):
+        self.path, self.group, self.kinds, self.live = path, group, kinds, live
+        self.names, self.rows = list(names), rows
+        self._data = None
+
+    def _load(self) -> dict:
+        if self._data is None:
+            with open_results(self.path) as f:
+                self._data, _ = _columns(f, self.group, self.path, self.kinds, self.live)
+        return self._data
+
+    def __getitem__(self, name):
+        if name not in self.names:
+            raise KeyError(name)
+        return self._load()[name]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_data": None}
+
+
+def _lazy(f: h5py.File, group: str, path: Path, kinds: dict, live: bool) -> tuple[Columns, dict]:
+    """``/group`` as :class:`Columns` (nothing read but names, units and the length of ``round``), and its units."""
+    g = member(f, group, h5py.Group, path)
+    sets = {name: member(g, name, h5py.Dataset, path) for name in g}
+    if "round" not in sets:
+        raise BadFile(f"{path}: /{group}/round is missing")
+    rows = min(ds.shape[0] if ds.ndim == 1 else 0 for ds in sets.values())   # as _columns cuts a live file's
+    return Columns(path, group, kinds, live, list(sets), rows), {name: _unit(ds) for name, ds in sets.items()}
+
+
 def _unit(ds: h5py.Dataset) -> str:
     try:
         u = ds.attrs.get("unit", "")
@@ -266,11 +320,13 @@ def _events(f: h5py.File, path: Path) -> np.ndarray:
 
 # --------------------------------------------------------------------------- entry points
 
-def load(path: str | Path) -> Results:
+def load(path: str | Path, lazy: bool = False) -> Results:
     """Read a results file (a finished or a running one) into plain numpy arrays.
 
     ``path`` may be the file or the run's output directory. Raises BadFile (an HpcflError)
-    naming the file and the problem for a damaged, truncated or crafted file.
+    naming the file and the problem for a damaged, truncated or crafted file. ``lazy``: read
+    ``/clients`` and ``/client_eval`` only when first used (:class:`Columns`; what
+    :func:`hpcfl.run` returns); they are then read from the file as it is at that moment.
     """
     path = Path(path)
     if path.is_dir():
@@ -282,13 +338,15 @@ def load(path: str | Path) -> Results:
         kinds = {"metrics": {k: _kind(v.dtype) for k, v in METRICS.items()},
                  "clients": {k: _kind(v.dtype) for k, v in CLIENT_FIELDS.items()}}
         metrics, m_units = _columns(f, "metrics", path, kinds["metrics"], live)
-        clients, c_units = _columns(f, "clients", path, kinds["clients"], live)
+        old = (_int_attr(attrs, "schema_version", path, 1) or 1) < 2   # rounds were 0-based: read as today's
+        columns = _lazy if lazy and not old else _columns
+        clients, c_units = columns(f, "clients", path, kinds["clients"], live)
         counts = read(member(member(f, "partition", h5py.Group, path), "class_counts", h5py.Dataset, path), path,
                       "iu", ndim=2)
         res = Results(metrics=metrics, clients=clients, config=config, attrs=attrs, class_counts=counts,
                       segments=read_segments(f, path, attrs), units={"metrics": m_units, "clients": c_units},
                       source=path)
-        if (_int_attr(attrs, "schema_version", path, 1) or 1) < 2:   # rounds were 0-based: read as today's
+        if old:
             res.metrics["round"] = res.metrics["round"] + 1
             res.clients["round"] = res.clients["round"] + 1
         if "clients_summary" in f:
@@ -297,7 +355,7 @@ def load(path: str | Path) -> Results:
         if "controller_events" in f:
             res.events = _events(f, path)
         if "client_eval" in f:
-            res.client_eval, res.units["client_eval"] = _columns(
+            res.client_eval, res.units["client_eval"] = columns(
                 f, "client_eval", path, {k: _kind(v.dtype) for k, v in CLIENT_EVAL.items()}, live)
         for seg in res.segments:   # decoded as .attrs decodes them (the file keeps JSON text)
             for k in ("devices", "versions"):

@@ -17,6 +17,12 @@ def _names(d: dict, limit: int = 6) -> str:
     return ", ".join(keys + names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
+def _rows(table) -> int:
+    """Rows of a table of columns, without reading a lazily read one (hpcfl.io.reader.Columns)."""
+    rows = getattr(table, "rows", None)
+    return rows if rows is not None else len(next(iter(table.values()), ()))
+
+
 def summary(res) -> str:
     """What ``repr(load(run))`` prints: the job in one line, how far it got, its quality, what it holds.
 
@@ -39,11 +45,11 @@ def summary(res) -> str:
             lines.append(f"  final {word} {v[ok[-1]]:.4f} (round {int(rounds[ok[-1]])}), best {v[i]:.4f} "
                          f"(round {int(rounds[i])})")
             break
-    n_rows = len(next(iter(res.clients.values()), ()))
+    n_rows = _rows(res.clients)
     lines += [f"  .metrics: {len(res.metrics)} per-round arrays ({_names(res.metrics)})",
               f"  .clients: {len(res.clients)} arrays of {n_rows} rows, one per cohort member and round "
               f"({_names(res.clients)})",
-              *([f"  .client_eval: {len(res.client_eval)} arrays of {len(res.client_eval['round'])} rows, one per "
+              *([f"  .client_eval: {len(res.client_eval)} arrays of {_rows(res.client_eval)} rows, one per "
                  f"client and evaluated round ({_names(res.client_eval)})"] if getattr(res, "client_eval", None)
                 else []),
               "  also .config, .attrs, .segments, .class_counts, .to_pandas()"
