@@ -14,6 +14,7 @@ checkpoint as after a kill). SIGTERM and SIGUSR1 keep waiting for the checkpoint
 is what a batch system's warning signal is for.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -35,7 +36,7 @@ _requested: list = []   # names of the signals received by this process
 STARTUP_GRACE_S = 3.0
 STARTUP_STILL_S = 3.0
 STARTUP_EXIT = 75   # parallel.exits.EXIT_RESUMABLE (not importable from here): run the command again
-_startup: dict = {"on": False, "watcher": None, "undo": None}
+_startup: dict = {"on": False, "watcher": None, "undo": None, "may_exit": True}
 _stopping: list = [None]   # what the acknowledgement says happens next, when not a run's (install() sets it)
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -52,15 +53,15 @@ def _on_signal(signum, frame) -> None:
     name = signal.Signals(signum).name
     first = not _requested
     _requested.append(name)
-    if signum == signal.SIGINT:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)   # a second Ctrl-C stops at once
-    if _startup["on"]:
+    if signum == signal.SIGINT:   # a second Ctrl-C stops at once (in Python: KeyboardInterrupt, see listening())
+        signal.signal(signal.SIGINT, signal.SIG_DFL if _startup["may_exit"] else signal.default_int_handler)
+    if _startup["on"] and _startup["may_exit"]:
         _arm()
     if first and _rank() == "0":
         again = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
         # os.write: print() could be interrupted in the middle of writing to the same stream
-        when = ("at the end of start-up, which has written nothing (at once if start-up is blocked)"
-                if _startup["on"] else
+        when = ("at the end of start-up, which has written nothing"
+                + (" (at once if start-up is blocked)" if _startup["may_exit"] else "") if _startup["on"] else
                 "at the end of start-up or of the round in progress (a checkpoint is written then)")
         text = _stopping[0] or f"stopping {when}"
         os.write(2, f"\nhpcfl: {name} received: {text}{again}\n".encode())
@@ -135,6 +136,33 @@ def install(stopping: str | None = None, startup: bool = False) -> None:
         signal.signal(getattr(signal, name), _on_signal)
     if startup:
         begin_startup()
+
+
+@contextlib.contextmanager
+def listening():
+    """Stop requests for a run started from Python (:func:`hpcfl.run`), for the ``with`` block only.
+
+    Where the command line installed the handlers first (before its imports), they stay as they
+    are. Otherwise, in the main thread, the handlers are installed for the block and the caller's
+    are given back after it, with no request left over (a notebook cell run again starts afresh).
+    In that form a stop never ends the process: the first Ctrl-C asks for a checkpoint at the end
+    of the round (:class:`hpcfl.errors.RunStopped`), a second raises KeyboardInterrupt. Signals
+    reach only the main thread, so a run in another thread has no stop requests.
+    """
+    if signal.getsignal(signal.SIGTERM) is _on_signal or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in STOP_SIGNALS}
+    _requested.clear()
+    _startup["may_exit"] = False
+    install()
+    try:
+        yield
+    finally:
+        for name, handler in saved.items():
+            signal.signal(getattr(signal, name), handler)
+        _requested.clear()
+        _startup["may_exit"] = True
 
 
 def stop_requested():
