@@ -83,7 +83,7 @@ def writer_cost(rounds: int, clients: int = 10) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import numpy as np
 
-    from hpcfl.cli.run import batching
+    from hpcfl.engine.job import batching
     from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter
 
     attrs = {"config": {"run": {"rounds": rounds}}, "run_id": "0" * 32}

@@ -22,7 +22,7 @@ from . import run
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from ..version import __version__
 
     p = argparse.ArgumentParser(prog="hpcfl", description="MPI simulator for federated learning")
     p.add_argument("--version", action="version", version=f"hpcfl {__version__}")

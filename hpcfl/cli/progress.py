@@ -84,6 +84,25 @@ class Progress:
         sys.stdout.flush()
 
 
+class ShowProgress:
+    """The progress display as a callback of a run (:func:`hpcfl.run` puts it first): built at the
+    run's start from ``runtime.progress`` (:class:`Progress`), a line or the bar at each round,
+    closed at the end."""
+
+    def __init__(self):
+        self.progress = None
+
+    def __call__(self, event) -> None:
+        if event.kind == "start":
+            self.progress = Progress(event.rounds, event.job["runtime"]["progress"], accuracy=event.classifier,
+                                     start=event.start_round)
+        elif event.kind == "round" and self.progress is not None:
+            self.progress.update(event.metrics)
+        elif event.kind == "end" and self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+
 class _AfterBar:
     """A stream that ends the progress bar's open line before anything else is written to it
     (a stop message, a notice of the round loop, a warning)."""

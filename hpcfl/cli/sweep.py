@@ -12,8 +12,9 @@ values (``fedavg_seed-0``: a component's name alone, other keys as leaf, '-', va
 ``run.name`` set to that
 name, into ``<out>/<name>`` (default ``<out>``: ``runs/<run.name>``). The points run in this
 process on the same communicator, so one ``srun``/``mpiexec`` allocation runs the whole grid;
-each goes through :func:`hpcfl.cli.run.cmd_run`, so a finished point is skipped, a killed one
-resumes from its checkpoint, and a stop signal checkpoints and exits 75 as with ``hpcfl run``.
+each goes through :func:`hpcfl.run` as ``hpcfl run`` does (:func:`hpcfl.cli.run.run_job`), so a
+finished point is skipped, a killed one resumes from its checkpoint, and a stop signal
+checkpoints and exits 75 as with ``hpcfl run``.
 ``--only I`` runs point I alone (a job-array task, ``slurm/array_sweep.sbatch``); ``--list``
 prints the points and the ``sbatch`` line. Torch is imported only when a point runs.
 
@@ -24,7 +25,6 @@ same ``--out`` is the same run.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import shlex
@@ -37,7 +37,7 @@ from .. import signals
 from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401  (re-exported: found here always)
 from ..errors import ConfigError, HpcflError
 from ..io import safefs
-from .run import agree, cmd_run
+from .run import run_job
 from .sweepgrid import legacy_names, point_names, read_grid, set_text
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
@@ -257,12 +257,24 @@ def write_point_job(sweep: Sweep, point: Point) -> Path:
 
 # ---- running ---------------------------------------------------------------------------------
 
-def run_point(sweep: Sweep, point: Point, comm) -> int:
-    """Collective: run one point through ``hpcfl run``'s code path; returns its exit code.
+def agreed(comm, err: HpcflError | None) -> int:
+    """Collective: 0 when no rank failed, else the first failed rank's exit code, its message printed once."""
+    from ..engine.job import agree
 
-    ``cmd_run`` plans the point as ``hpcfl run`` would: finished (one line, nothing trained),
-    resume from the newest checkpoint, or fresh. Exits other than 0 (2, 3, 75) end the process
-    inside ``cmd_run``, on every rank.
+    try:
+        agree(comm, err)
+    except HpcflError as exc:
+        if comm.rank == 0:
+            print(exc, file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+def run_point(sweep: Sweep, point: Point, comm) -> int:
+    """Collective: run one point as ``hpcfl run`` does (:func:`hpcfl.cli.run.run_job`); returns its exit code.
+
+    The point is planned as ``hpcfl run`` would: finished (one line, nothing trained), resume
+    from the newest checkpoint, or fresh.
     """
 
     folder = sweep.out / point.name
@@ -274,15 +286,12 @@ def run_point(sweep: Sweep, point: Point, comm) -> int:
             write_point_job(sweep, point)
         except HpcflError as exc:
             err = exc
-    agree(comm, err)   # also the barrier after which every rank can read the point's job
-    signals.install()       # the previous point's cmd_run ended by ignoring stop signals
-    args = argparse.Namespace(cmd="run", job=str(folder / POINT_JOB), overrides=[], out=str(folder), force=False,
-                              allow_change=[])
-    return cmd_run(args, comm)   # which releases the point's lock on every path that returns
+    code = agreed(comm, err)   # also the barrier after which every rank can read the point's job
+    return code or run_job(folder / POINT_JOB, folder, [], False, comm)
 
 
 def _state(path: Path) -> str:
-    """The status of a point's results file; "" when there is none or it cannot be read (cmd_run says why)."""
+    """The status of a point's results file; "" when there is none or it cannot be read (the run says why)."""
     from ..io import results
 
     try:
@@ -332,7 +341,9 @@ def main(args, comm) -> int:
         if comm.rank == 0:
             print(stops[0], file=sys.stderr, flush=True)
         exit_all(EXIT_RESUMABLE)
-    agree(comm, err)
+    code = agreed(comm, err)
+    if code:
+        return code
     if comm.rank == 0:
         for note in sweep.notes:   # as hpcfl run says it: a dropped table must not go unnoticed
             print(f"hpcfl sweep: note: {note}", flush=True)
@@ -351,10 +362,12 @@ def main(args, comm) -> int:
             sys.stdout.flush()
         return comm.bcast(code, root=0)
 
+    signals.install()   # from here on a stop is a run's: a checkpoint at the end of the round, exit 75
     for point in chosen:
         code = run_point(sweep, point, comm)
         if code and code != EXIT_DIVERGED:   # a diverged point is a result; the next point still runs
             return code
+    signals.ignore()   # every point is done: a late stop signal must not turn exit 0 into a kill
     if args.only is None and comm.rank == 0:
         print(f"hpcfl sweep: {len(chosen)} point(s) finished in {sweep.out}", flush=True)
         try:

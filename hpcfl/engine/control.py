@@ -14,10 +14,9 @@ import time
 
 import numpy as np
 
-from ..errors import HpcflError
+from ..errors import EXIT_INPUT, CallbackError, HpcflError, RunError, WriteError
 from ..io import rundir
 from ..io.h5check import BadFile
-from ..parallel.exits import EXIT_INPUT, EXIT_WRITE, exit_all
 from ..signals import stop_requested
 from .watchdog import Limits, Watchdog
 
@@ -124,6 +123,7 @@ class RunControl:
         self.faults = FaultInjector(comm.rank)
         self.interval = 60.0 * checkpoint_minutes
         self.last_checkpoint = time.monotonic()
+        self.trouble: RunError | None = None   # a failed write or a callback that raised, agreed at the boundary
 
     def phase(self, name: str, rnd: int, kind: str | None = None) -> None:
         """Entering ``name`` of round ``rnd`` (``kind``: see :meth:`Watchdog.enter`)."""
@@ -145,16 +145,30 @@ class RunControl:
         """Collective: every rank's guard problems (for policy "stop")."""
         return [p for part in self.comm.allgather(problems) for p in part]
 
+    def report(self, trouble: RunError) -> None:
+        """During a round (rank 0, recording it): a write failed (:class:`WriteError`) or a callback
+        raised (:class:`CallbackError`). The other ranks learn it at the round's :meth:`boundary`."""
+        if self.trouble is None:
+            self.trouble = trouble
+
     def boundary(self) -> tuple[str | None, bool]:
         """Collective at a round end: (the first stop signal any rank received or None,
         whether a checkpoint is due by the wall clock).
 
         Only rank 0's clock counts, so every rank takes the same decision from the same
-        allgather; ranks' clocks need not agree.
+        allgather; ranks' clocks need not agree. A trouble any rank reported is agreed here
+        (:attr:`trouble` on every rank): a failed write is raised on every rank at once, with no
+        checkpoint (it would be ahead of results.h5); a callback that raised stops the run as a
+        stop signal does, with a checkpoint.
         """
         due = self.interval > 0 and time.monotonic() - self.last_checkpoint >= self.interval
-        flags = self.comm.allgather((stop_requested(), due))
-        return next((f for f, _ in flags if f), None), flags[0][1]
+        flags = self.comm.allgather((stop_requested(), due, self.trouble))
+        if self.trouble is None:   # the reporting rank keeps its own (with the callback's traceback)
+            self.trouble = next((t for _, _, t in flags if t is not None), None)
+        if self.trouble is not None and not isinstance(self.trouble, CallbackError):
+            raise self.trouble
+        stop = next((f for f, _, _ in flags if f), None)
+        return stop or ("a callback" if self.trouble is not None else None), flags[0][1]
 
     def checkpointed(self, done: int | None = None) -> None:
         """A checkpoint after round ``done`` was written: the wall-clock interval starts again."""
@@ -167,25 +181,11 @@ class RunControl:
         self.watchdog.stop()
 
 
-def write_failed(comm, err: Exception | None) -> None:
-    """Collective: rank 0's write failed (``err``): it prints why and every rank exits together,
-    2 for a results file found damaged, :data:`EXIT_WRITE` for a full disk or another I/O error
-    (nothing written before was lost: free space and run again)."""
-    failed = comm.bcast(None if err is None else (str(err), EXIT_INPUT if isinstance(err, BadFile) else EXIT_WRITE),
-                        root=0)
-    if failed:
-        if comm.rank == 0:
-            print(f"hpcfl: {failed[0]}", file=sys.stderr, flush=True)
-        exit_all(failed[1])
-
-
-def final_write(write, *args) -> None:
-    """Rank 0, after the last round: ``write(*args)``; a full disk ends this rank with :data:`EXIT_WRITE`
-    (the others have nothing left to do), results.h5 closed with every round, the checkpoints intact."""
-    try:
-        write(*args)
-    except HpcflError as exc:
-        print(f"hpcfl: {exc}", file=sys.stderr, flush=True)
-        rundir.unlock()
-        exit_all(EXIT_WRITE)
+def write_failed(comm, err: Exception | None) -> RunError | None:
+    """Collective: whether rank 0's write failed (``err``, else None), as the error every rank raises:
+    a :class:`RunError` with exit code 2 for a results file found damaged, else a :class:`WriteError`
+    (a full disk or another I/O error: nothing written before was lost; free space and run again)."""
+    if comm.rank == 0 and err is not None:
+        err = RunError(str(err), EXIT_INPUT) if isinstance(err, BadFile) else WriteError(str(err))
+    return comm.bcast(err if comm.rank == 0 else None, root=0)
 

@@ -25,15 +25,16 @@ class Plan:
     replace: list = field(default_factory=list)   # the old run's files, set aside by --force
 
 
-def plan_run(cfg, out: Path, args) -> Plan:
+def plan_run(cfg, out: Path, force: bool = False) -> Plan:
     """Rank 0: fresh start, resume from a checkpoint, or already done (docs/reliability.md).
 
     Only reads: every path and ownership problem is raised here, before the job's data
-    is loaded and long before anything is moved or written (see :func:`_commit`).
+    is loaded and long before anything is moved or written (see :func:`commit`). ``force``: start
+    over (``--force``), setting the old run's files aside.
     """
     from .. import config
     from ..config import notices
-    from ..engine import resume
+    from . import resume
     from ..io import results, resume_check
     from ..io.checkpoint import CheckpointStore
     from ..io.heldir import link_error
@@ -49,7 +50,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
     rundir.check_scratch(out)
     store = CheckpointStore(ckpt_dir, keep=cfg.checkpoint.keep) if ckpt_dir.is_dir() else None
     path = out / "results.h5"
-    if args.force:
+    if force:
         rundir.check_owner(ckpt_dir, None, path)
         old = [path] + ([p for _, p in store.list()] + [ckpt_dir / rundir.MARKER] if store else [])
         return Plan("fresh", rundir.new_run_id(), ckpt_dir, replace=old)
@@ -66,7 +67,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
         raise HpcflError(f"resuming {out}: {problem}")
     unsafe = [k for k in changed if not config.is_safe_change(k)]
     if unsafe:
-        raise HpcflError(f"{out} holds results of a different job: it {_job_difference(old, cfg, unsafe)}; to keep "
+        raise HpcflError(f"{out} holds results of a different job: it {job_difference(old, cfg, unsafe)}; to keep "
                          f"both runs choose another --out (e.g. --out {out.parent / (out.name + '-2')}), or pass "
                          f"--force to set the old run aside and start over")
     rundir.check_owner(ckpt_dir, old_id, path)
@@ -93,7 +94,7 @@ def plan_run(cfg, out: Path, args) -> Plan:
                                                              f"after round {loaded.round})"])
 
 
-def _job_difference(old: dict, cfg, keys: list[str]) -> str:
+def job_difference(old: dict, cfg, keys: list[str]) -> str:
     """``differs in algorithm.name "fedavg" -> "fednova" (its preset also sets algorithm.server, ...)``.
 
     The keys the user changed come first with their values; the ones a changed
@@ -114,10 +115,10 @@ def _job_difference(old: dict, cfg, keys: list[str]) -> str:
     return text
 
 
-def _settle(cfg, setup, plan: Plan) -> None:
+def settle(cfg, setup, plan: Plan) -> None:
     """Rank 0, once the job is set up: resume from the newest checkpoint whose arrays fit it
     (:func:`hpcfl.engine.resume.settle`); says which one and why others were passed over."""
-    from ..engine import resume
+    from . import resume
     from ..io.checkpoint import CheckpointStore
 
     chosen, warnings = resume.settle(setup, CheckpointStore(plan.ckpt_dir, keep=cfg.checkpoint.keep), plan.loaded,
@@ -128,7 +129,7 @@ def _settle(cfg, setup, plan: Plan) -> None:
         plan.loaded = chosen
 
 
-def _commit(cfg, out: Path, plan: Plan):
+def commit(cfg, out: Path, plan: Plan):
     """Rank 0, once every rank has validated the job and found its data: set the old run
     aside (``--force``), create ``--out``, claim the checkpoint directory.
 

@@ -73,7 +73,11 @@ def settle_placement(s: Setup) -> None:
 
 
 class Stopped(Exception):
-    """Raised on every rank together when a stop signal was agreed (checkpoint written)."""
+    """Raised on every rank together when a stop was agreed (checkpoint written after ``round``)."""
+
+    def __init__(self, message: str, round_: int = 0):
+        super().__init__(message)
+        self.round = round_
 
 
 class GuardStop(Exception):
@@ -256,7 +260,7 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
             checkpoint(done, to_host(x), sim_time)
             control.checkpointed(done)
         if stop and done < cfg.run.rounds:   # a stop after the last round changes nothing: the run finishes
-            raise Stopped(f"stopped by {stop} after round {done} with a checkpoint")
+            raise Stopped(f"stopped by {stop} after round {done} with a checkpoint", done)
     return to_host(x)
 
 

@@ -139,7 +139,7 @@ def versions() -> dict:
     import numpy
     from mpi4py import MPI
 
-    from .. import __version__
+    from ..version import __version__
 
     return {
         "hpcfl": __version__,

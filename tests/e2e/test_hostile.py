@@ -2,7 +2,6 @@
 runs started at once, foreign and damaged results files, a full disk, Ctrl-C during start-up.
 Nothing written is lost, nothing outside --out is touched, nothing hangs, every refusal names the file."""
 
-import argparse
 import os
 import shutil
 import re
@@ -15,7 +14,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcfl import cli, config
+from hpcfl import config
+from hpcfl.engine import planning
 from hpcfl.io import rundir
 from hpcfl.results import load
 
@@ -111,8 +111,7 @@ def test_a_run_planning_into_a_new_out_holds_it(tmp_path):
     one run is planning (in this process, holding the lock it took on the new --out) when another starts."""
     out = tmp_path / "new"
     cfg = config.load(job(tmp_path))
-    args = argparse.Namespace(force=False, allow_change=[])
-    plan = cli.run.plan_run(cfg, out, args)
+    plan = planning.plan_run(cfg, out, force=False)
     try:
         assert plan.mode == "fresh" and rundir.holding()
         p = hpcfl("run", job(tmp_path), "--out", str(out), "--set", "run.seed=9")
@@ -179,8 +178,8 @@ LIMITED = """
 import resource, sys
 from mpi4py import MPI   # MPI's shared-memory files first: the limit is for hpcfl's own writes
 resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
-from hpcfl.cli import main
-sys.exit(main({argv!r}))
+from hpcfl.cli import finish, main
+finish(main({argv!r}), {argv!r})   # as the hpcfl command ends
 """
 
 

@@ -9,7 +9,7 @@ import torch
 from mpi4py import MPI
 
 from hpcfl import cli, config
-from hpcfl.engine import simulation
+from hpcfl.engine import setup, simulation
 from hpcfl.parallel.runtime import CUBLAS_CONFIG, NondeterministicOp, configure_determinism
 from runner import job
 
@@ -44,13 +44,13 @@ def test_the_switch_sets_torch_cudnn_and_cublas(monkeypatch):
 @pytest.mark.parametrize("on", [True, False])
 def test_prepare_sets_it_before_the_device_is_chosen(monkeypatch, on):
     seen = []
-    real = simulation.place
+    real = setup.place
 
     def spy(comm, choice, share):
         seen.append(torch.are_deterministic_algorithms_enabled())
         return real(comm, choice, share)
 
-    monkeypatch.setattr(simulation, "place", spy)
+    monkeypatch.setattr(setup, "place", spy)   # where prepare finds it
     simulation.prepare(config.from_dict(job(**{"runtime.deterministic": on})), MPI.COMM_SELF)
     assert seen == [on]
 

@@ -4,7 +4,7 @@ and the keys a changed preset fills in as following from it (README tour, first 
 import re
 
 from hpcfl import config
-from hpcfl.cli.run import _job_difference
+from hpcfl.engine.planning import job_difference
 
 JOB = {"run": {"rounds": 3}, "data": {"dataset": "digits", "num_clients": 4}, "model": {"name": "mlp"},
        "algorithm": {"name": "fedavg", "clients_per_round": 2}}
@@ -18,7 +18,7 @@ def differ(**sets):
         table[section][name] = value
     new = config.from_dict(table)
     changed, _ = config.resume_changes(old.to_dict(), new)
-    return _job_difference(old.to_dict(), new, [k for k in changed if not config.is_safe_change(k)])
+    return job_difference(old.to_dict(), new, [k for k in changed if not config.is_safe_change(k)])
 
 
 def test_preset_keys_follow_the_name():

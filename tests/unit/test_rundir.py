@@ -9,7 +9,7 @@ import pytest
 
 from hpcfl.engine.control import RunControl
 from hpcfl.config import GuardSection
-from hpcfl.errors import HpcflError
+from hpcfl.errors import CallbackError, HpcflError, WriteError
 from hpcfl.io import rundir
 
 
@@ -71,15 +71,31 @@ class FakeComm:
 
 
 def test_boundary_takes_rank_0s_clock_and_any_ranks_stop():
-    c = RunControl(FakeComm([(None, True)]), GuardSection(), 0.0, checkpoint_minutes=10)
+    c = RunControl(FakeComm([(None, True, None)]), GuardSection(), 0.0, checkpoint_minutes=10)
     assert c.boundary() == (None, False)        # rank 1 thinks it is due; only rank 0's clock counts
     c.last_checkpoint -= 601
     assert c.boundary() == (None, True)
     c.checkpointed()
     assert c.boundary() == (None, False)
-    c = RunControl(FakeComm([("SIGTERM", False)]), GuardSection(), 0.0, checkpoint_minutes=0)
+    c = RunControl(FakeComm([("SIGTERM", False, None)]), GuardSection(), 0.0, checkpoint_minutes=0)
     c.last_checkpoint = time.monotonic() - 1e6
     assert c.boundary() == ("SIGTERM", False)   # 0 minutes: the clock never triggers
+
+
+def test_boundary_agrees_on_a_failed_write_and_a_callback_that_raised():
+    """Rank 1 (here the fake's other rank) reported a failed write: this rank raises the same error at
+    the boundary. A callback's error is a stop with a checkpoint: the boundary says so and keeps it."""
+    c = RunControl(FakeComm([(None, False, WriteError("disk full writing round 3"))]), GuardSection(), 0.0)
+    with pytest.raises(WriteError, match="disk full writing round 3") as got:
+        c.boundary()
+    assert got.value.exit_code == 74
+    own = CallbackError("callback f raised ValueError: x", "f")
+    c = RunControl(FakeComm([(None, False, None)]), GuardSection(), 0.0)
+    c.report(own)
+    c.report(CallbackError("a second one", "g"))      # only the first is kept
+    assert c.boundary() == ("a callback", False) and c.trouble is own
+    c = RunControl(FakeComm([("SIGUSR1", False, CallbackError("callback f raised", "f"))]), GuardSection(), 0.0)
+    assert c.boundary() == ("SIGUSR1", False) and c.trouble.callback == "f"
 
 
 # ---- planted links and files, the lock before planning, a checkpoint of another job ---------------------
