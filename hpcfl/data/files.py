@@ -26,7 +26,7 @@ from ..errors import ConfigError, DataError, HpcflError
 from ..inputs import open_regular
 from . import safe_pickle
 from .augment import normalize_images
-from .datasets import Dataset, DatasetSpec, check_arrays
+from .container import Dataset, DatasetSpec, check_arrays
 from .sources import get_hint
 
 

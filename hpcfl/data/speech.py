@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..inputs import open_regular
-from .datasets import Dataset, DatasetSpec, check_arrays
+from .container import Dataset, DatasetSpec, check_arrays
 from .files import _find_dir, _need_root, root_check
 
 KEYWORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")
