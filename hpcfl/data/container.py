@@ -1,3 +1,13 @@
+"""The dataset container, its registry entry, and the check that loaded arrays pass.
+
+* :class:`Dataset`: train and test arrays, ready for the engine.
+* :class:`DatasetSpec`: a registry entry (options class, loader, doc line, and the optional
+  labels-only loader, cache flag and file check).
+* :class:`NoOptions`: the options class of a component that takes none.
+* :func:`check_arrays`: numeric inputs, finite and within float32's range, one non-negative
+  label per row; a :class:`DataError` naming the file, the array and the first bad index.
+"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

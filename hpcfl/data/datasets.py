@@ -1,12 +1,13 @@
-"""The dataset container and the datasets that need no files.
+"""The tabular datasets that need no files, and EMBEDDED, the registry of all datasets that need none.
 
 Every dataset here is a pure function of its options and the run seed:
 
 * ``synthetic``: Synthetic(alpha, beta) of FedProx/LEAF (as in Wang et al. 2020, FedNova, Sec. 6), with natural clients.
 * ``gaussian_mixture``: GMM-10, a 10-class Gaussian mixture for small-scale FedGSNR checks.
-* ``digits``: scikit-learn's bundled 8x8 digits (no download).
-* ``synthetic_images``: the CIFAR-shaped benchmark workload W (docs/workloads.md), bit-exact for seed 0.
 * ``lga_synthetic``: the nonlinear 10-class data of the FedLGA sanity experiment (bench/fedlga_d3.py).
+
+The image-shaped ones, ``digits`` and ``synthetic_images``, are in :mod:`hpcfl.data.embedded_images`;
+the container they all return, :class:`Dataset`, and :class:`DatasetSpec` in :mod:`hpcfl.data.container`.
 """
 
 from __future__ import annotations

@@ -1,3 +1,12 @@
+"""The image-shaped datasets that need no files (registered in ``hpcfl.data.datasets.EMBEDDED``).
+
+Each is a pure function of its options and the run seed:
+
+* ``digits``: scikit-learn's bundled 8x8 digits (no download).
+* ``synthetic_images``: the CIFAR-shaped benchmark workload W (docs/workloads.md), bit-exact for seed 0;
+  its labels-only loader for previews draws no noise.
+"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
