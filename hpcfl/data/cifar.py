@@ -1,3 +1,11 @@
+"""CIFAR-10 / CIFAR-100, read from the "python version" pickle batches.
+
+The batches are read with a restricted unpickler (:mod:`hpcfl.data.safe_pickle`) that can build
+only dicts, lists, strings, bytes, numbers and plain numeric numpy arrays (the batches store
+``b'data'`` as a uint8 ndarray). No other class can be loaded, so a crafted file cannot run code.
+Every failure is a :class:`DataError` naming the file and what was expected.
+"""
+
 from __future__ import annotations
 
 import os

@@ -1,3 +1,11 @@
+"""Finding and opening a dataset's files under ``data.root``, for every dataset read from disk.
+
+``_open`` opens a regular file only (a FIFO would block start-up: :mod:`hpcfl.inputs`) and makes a
+missing or unreadable file a :class:`DataError` naming it and what was expected; ``_need_root`` and
+``_find_dir`` check data.root and find the extracted folder in it; :func:`root_check` makes a
+dataset's ``DatasetSpec.files`` check from them (stat calls only).
+"""
+
 from __future__ import annotations
 
 import os

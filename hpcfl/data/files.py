@@ -1,14 +1,14 @@
-"""Datasets read from disk in their distributed formats.
+"""Datasets read from disk in their distributed formats: ON_DISK, their registry, and ``npz``.
 
-* CIFAR-10 / CIFAR-100: the "python version" pickle batches, read with a restricted
-  unpickler that can build only dicts, lists, strings, bytes, numbers and plain numeric
-  numpy arrays (the batches store ``b'data'`` as a uint8 ndarray). No other class can be
-  loaded, so a crafted file cannot run code.
-* MNIST, Fashion-MNIST, EMNIST: IDX files, gzipped or not, parsed from their header.
-* ``npz``: a generic numpy archive (``x``, ``y``, optional ``x_test``, ``y_test``).
+* CIFAR-10 / CIFAR-100 (:mod:`hpcfl.data.cifar`): the "python version" pickle batches, read
+  with a restricted unpickler, so a crafted file cannot run code.
+* MNIST, Fashion-MNIST, EMNIST (:mod:`hpcfl.data.idx`): IDX files, gzipped or not, parsed from
+  their header.
+* ``npz`` (here): a generic numpy archive (``x``, ``y``, optional ``x_test``, ``y_test``).
 
-Every failure (missing, truncated, wrong format, not a regular file) is a :class:`DataError`
-naming the file and what was expected.
+What they share is in :mod:`hpcfl.data.disk` (finding and opening files under data.root) and
+:mod:`hpcfl.data.image_files` (the image normalisation). Every failure (missing, truncated,
+wrong format, not a regular file) is a :class:`DataError` naming the file and what was expected.
 """
 
 from __future__ import annotations

@@ -1,3 +1,10 @@
+"""MNIST, Fashion-MNIST, EMNIST: IDX files, gzipped or not, parsed from their header.
+
+The files are looked for in data.root itself and in the usual folders under it (torchvision's
+``MNIST/raw`` among them); EMNIST reads the files of one split (``emnist-<split>-...``).
+Every failure is a :class:`DataError` naming the file and what was expected.
+"""
+
 from __future__ import annotations
 
 import gzip

@@ -1,3 +1,10 @@
+"""What the image datasets read from disk share (:mod:`hpcfl.data.cifar`, :mod:`hpcfl.data.idx`).
+
+:class:`ImageNormOptions`: the per-channel normalisation, by default with each dataset's usual
+mean and std. ``_image_dataset``: the labels checked against the number of classes and the uint8
+images normalised to float32, as a :class:`Dataset`.
+"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
