@@ -28,7 +28,8 @@ from ..native.cachedir import cache_root
 from . import cache as _cache
 from . import partition as _p
 from . import partition_labels as _pl
-from .datasets import EMBEDDED, Dataset, DatasetSpec
+from .container import Dataset, DatasetSpec
+from .datasets import EMBEDDED
 from .files import ON_DISK
 from .quadratic import QuadraticOptions, load_quadratic
 from .speech import SPEECH

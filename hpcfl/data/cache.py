@@ -43,7 +43,7 @@ import numpy as np
 
 from ..native import cachedir
 from ..signals import stop_requested
-from .datasets import Dataset
+from .container import Dataset
 
 VERSION = 1   # bump when any cached generator's output changes
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .datasets import Dataset
+from .container import Dataset
 
 
 @dataclass(frozen=True)

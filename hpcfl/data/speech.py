@@ -37,8 +37,8 @@ import numpy as np
 
 from ..errors import DataError
 from ..inputs import open_regular
-from .datasets import Dataset, DatasetSpec, check_arrays
-from .files import _find_dir, _need_root, root_check
+from .container import Dataset, DatasetSpec, check_arrays
+from .disk import _find_dir, _need_root, root_check
 
 KEYWORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")
 FOLDERS = ("", "speech_commands_v0.02", "speech_commands_v0.01")

@@ -33,8 +33,8 @@ BLOCKED_CHILD = """
 import sys
 from hpcfl import signals
 signals.install(startup=True)   # as hpcfl/__main__.py does for run
-import hpcfl.data.files as files
-files.open_regular = lambda path, *a, **k: open(path, "rb")
+import hpcfl.data.disk as disk
+disk.open_regular = lambda path, *a, **k: open(path, "rb")
 from hpcfl.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -8,7 +8,8 @@ import pytest
 
 from hpcfl import data
 from hpcfl.data import cache
-from hpcfl.data.datasets import SyntheticImagesOptions, SyntheticOptions
+from hpcfl.data.datasets import SyntheticOptions
+from hpcfl.data.embedded_images import SyntheticImagesOptions
 from hpcfl.native import cachedir
 
 SMALL = SyntheticImagesOptions(num_train=64, num_test=16, image_shape=(3, 8, 8))

@@ -12,7 +12,8 @@ import pytest
 
 from hpcfl.config import options
 from hpcfl.data import dataset_options, load_dataset
-from hpcfl.data.files import read_idx, read_pickle
+from hpcfl.data.cifar import read_pickle
+from hpcfl.data.idx import read_idx
 from hpcfl.errors import ConfigError, DataError
 
 # ------------------------------------------------------------ writers in the real formats

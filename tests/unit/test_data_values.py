@@ -7,7 +7,7 @@ import pytest
 
 from hpcfl.config import options
 from hpcfl.data import dataset_options, load_dataset
-from hpcfl.data.datasets import check_arrays
+from hpcfl.data.container import check_arrays
 from hpcfl.errors import DataError
 
 
