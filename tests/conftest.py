@@ -70,3 +70,14 @@ def _no_run_lock_left_held():
     if rundir.holding():
         rundir.unlock()
         pytest.fail("this test (or a module fixture before it) returned from hpcfl with a run lock held")
+
+
+@pytest.fixture(autouse=True)
+def _hdf5_usable_again():
+    """Tests that simulate a failed write (a mock that raises ENOSPC) mark this process's HDF5 as unsafe
+    (hpcfl.io.h5check.FAILED_WRITE), which would refuse every later run in the same test worker: the
+    library is not really damaged by a mock, so the mark is cleared after each test."""
+    yield
+    from hpcfl.io import h5check
+
+    h5check.FAILED_WRITE.clear()

@@ -63,6 +63,17 @@ def _locking(on: bool) -> None:
     results_io.configure(locking=on)
 
 
+def _usable_hdf5() -> None:
+    """Refuse a run in a process where an HDF5 write failed: the library keeps objects it could not
+    close, and touching HDF5 again there can crash the process (docs/python.md, "After a WriteError")."""
+    from ..io.h5check import FAILED_WRITE
+
+    if FAILED_WRITE:
+        raise HpcflError(f"a write in {FAILED_WRITE[0]} failed earlier in this process (a full disk), and the HDF5 "
+                         f"library cannot be used safely in it any more; start a new process (in a notebook: "
+                         f"restart the kernel) once there is space, and run again to resume")
+
+
 class JobRun:
     """One run of ``job`` on ``comm`` (every rank builds one and calls :meth:`run`).
 
@@ -111,6 +122,7 @@ class JobRun:
         raised on every rank (exit 2); a stop signal meanwhile ends the run with nothing written."""
         comm, err = self.comm, None
         try:
+            _usable_hdf5()
             fault = fault_notice(os.environ.get("HPCFL_FAULT", ""))   # a test hook: checked before anything is made
             if fault and comm.rank == 0:
                 print(fault, file=sys.stderr, flush=True)

@@ -248,6 +248,9 @@ def read(ds: h5py.Dataset, path: Path, kinds: str = "biuf", ndim: int | None = 1
         raise BadFile(f"{path}: {ds.name} cannot be read ({_short(exc)})") from None
 
 
+FAILED_WRITE: list = []   # the folders of files whose writes failed in this process (see close_failed)
+
+
 def close_failed(f: h5py.File) -> None:
     """Close a file whose last write failed (a full disk) without touching it again.
 
@@ -255,8 +258,14 @@ def close_failed(f: h5py.File) -> None:
     library's exit handler then crashes the process (SIGSEGV, exit 139) trying once more. So
     the file's descriptor is first pointed at /dev/null: the close "writes" there and
     succeeds, and the file on disk keeps what was flushed before (a killed SWMR writer's
-    file, which reads back and resumes).
+    file, which reads back and resumes). The objects the failed write left open stay in the
+    library, which cannot be used safely in this process any more: :data:`FAILED_WRITE` records
+    the file, and a new run in the same process is refused (``hpcfl.engine.job``).
     """
+    try:
+        FAILED_WRITE.append(os.path.dirname(f.filename) or ".")
+    except (OSError, RuntimeError, ValueError, TypeError):
+        FAILED_WRITE.append("an HDF5 file's folder")
     try:
         fd = f.id.get_vfd_handle()
         null = os.open(os.devnull, os.O_RDWR)

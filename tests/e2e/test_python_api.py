@@ -189,3 +189,33 @@ def test_the_readme_python_snippet_runs_as_written(tmp_path):
     lines = p.stdout.splitlines()
     assert lines[-1] == f"finished {res.metrics['test_accuracy'][-1]}"
     assert [ln.split()[0] for ln in lines if re.fullmatch(r"\d+ [\d.]+", ln)] == [str(r) for r in range(1, 31)]
+
+
+def test_after_a_failed_write_the_process_refuses_a_new_run(tmp_path):
+    """A full disk (a file size limit) in round 1: WriteError; HDF5 is unsafe in that process from then
+    on, so a second call is refused with a clear message instead of crashing; a new process resumes."""
+    (tmp_path / "job.toml").write_text(JOB)
+    code = textwrap.dedent(f"""
+        import os, resource, sys
+        from mpi4py import MPI
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        import hpcfl
+        job, out = {str(tmp_path / "job.toml")!r}, {str(tmp_path / "out")!r}
+        try:
+            hpcfl.run(job, out=out, overrides={{"results.flush_seconds": 0}})
+        except hpcfl.errors.WriteError as e:
+            print("@@ first", e.exit_code, flush=True)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        try:
+            hpcfl.run(job, out=out)
+        except hpcfl.errors.HpcflError as e:
+            print("@@ second", type(e).__name__, e, flush=True)
+        os._exit(0)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    said = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
+    assert p.returncode == 0 and said[0] == "@@ first 74", (p.stdout[-2000:], p.stderr[-2000:])
+    assert said[1].startswith(f"@@ second HpcflError a write in {tmp_path / 'out'} failed earlier in this process")
+    assert "restart the kernel" in said[1]
+    again = hpcfl("run", str(tmp_path / "job.toml"), "--out", str(tmp_path / "out"))   # a new process: runs
+    assert again.returncode == 0, again.stderr
