@@ -15,6 +15,9 @@ A process killed at any moment leaves the previous checkpoints plus at most one
 stray temporary file (ignored when loading, removed by ``clean_temp()``), or the
 new complete checkpoint. A failed write (disk full, quota) removes its temporary
 file, touches nothing else and raises :class:`~hpcfl.errors.HpcflError`.
+
+The file itself (layout, checksum, file locking, :class:`Loaded`, :func:`open_loaded`) is
+:mod:`hpcfl.io.ckptfile`; its public names are re-exported here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Layout::
+"""One checkpoint file: its layout, its checksum, what may go in it, and how it is opened.
+
+The format constants, the HDF5 locking choice (:func:`configure_locking`), the payload
+checksum (:func:`payload_sha256`), the checks on what a save is given, :class:`Loaded` (a
+verified checkpoint) and :func:`open_loaded` (its arrays, to read a block at a time). The
+directory of such files, written atomically, verified and rotated, is
+:class:`hpcfl.io.checkpoint.CheckpointStore`, which re-exports the public names here.
+
+Layout::
 
     /               attrs  format_version (int, 1)    round (int, completed rounds)
                            world_size (int)           config_sha256 (str)
