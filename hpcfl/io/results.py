@@ -1,9 +1,10 @@
 """The results file ``<out>/results.h5``, written by global rank 0 only: :class:`ResultsWriter`.
 
 The layout is in :mod:`hpcfl.io.schema`, the reader in :mod:`hpcfl.io.reader` (both
-re-exported here, where callers have always found them). Files the writer creates in the run
-directory are created exclusively (:mod:`hpcfl.io.safefs`), and every write checks the free
-space it needs first (docs/reliability.md, "A full disk").
+re-exported here, where callers have always found them). The last writes (final model, diverged
+status) are in :mod:`hpcfl.io.results_final`, the HDF5 helpers in :mod:`hpcfl.io.results_h5`.
+Files the writer creates in the run directory are created exclusively (:mod:`hpcfl.io.safefs`),
+and every write checks the free space it needs first (docs/reliability.md, "A full disk").
 """
 
 from __future__ import annotations

@@ -1,3 +1,10 @@
+"""The last writes to ``results.h5``: :class:`FinalWrites`, part of :class:`hpcfl.io.results.ResultsWriter`.
+
+The final model and what rebuilds it, ``/clients_summary``, ``/controller_events`` and the
+diverged status. SWMR allows no new objects or attributes, so these writes go to a normal-mode
+copy of the file that is then renamed over it (:meth:`FinalWrites._in_normal_mode`).
+"""
+
 from __future__ import annotations
 
 import json
@@ -11,6 +18,10 @@ from .results_h5 import _FULL_FIX, _describe, _open, _with_margin
 
 
 class FinalWrites:
+    """The final and diverged writes of :class:`hpcfl.io.results.ResultsWriter`, which inherits them;
+    they use its ``file``, ``path``, ``_final``, ``client_fields``, ``write_pending``, ``_abandon``
+    and ``_error``."""
+
     def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple],
                     input_shape: tuple | None = None, num_classes: int | None = None) -> None:
         """The final model (in its own dtype) and what rebuilds it: one sample's shape, classes."""

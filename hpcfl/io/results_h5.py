@@ -1,3 +1,11 @@
+"""The HDF5 helpers that :class:`hpcfl.io.results.ResultsWriter` builds ``results.h5`` with.
+
+Opening a file with the file-locking choice (:func:`configure`, re-exported by
+:mod:`hpcfl.io.results`), the free space a copy of the file needs, the fix a full disk's message
+names, dataset descriptions and appends, and the ``/segments`` and ``/client_eval`` groups
+(with a resume's copy of the ``/client_eval`` rows it keeps).
+"""
+
 from __future__ import annotations
 
 import json
