@@ -36,7 +36,7 @@ def row_blocks(nrows: int, row_bytes: int, block_bytes: int | None = None) -> li
 
 
 def header(name: str, dtype: np.dtype, shape) -> bytes:
-    """The line hashed before an array's bytes (see :mod:`hpcfl.io.checkpoint`)."""
+    """The line hashed before an array's bytes (see :mod:`hpcfl.io.ckptfile`)."""
     return (json.dumps([name, np.dtype(dtype).str, [int(n) for n in shape]]) + "\n").encode()
 
 

@@ -1,9 +1,10 @@
 """The results file ``<out>/results.h5``, written by global rank 0 only: :class:`ResultsWriter`.
 
 The layout is in :mod:`hpcfl.io.schema`, the reader in :mod:`hpcfl.io.reader` (both
-re-exported here, where callers have always found them). Files the writer creates in the run
-directory are created exclusively (:mod:`hpcfl.io.safefs`), and every write checks the free
-space it needs first (docs/reliability.md, "A full disk").
+re-exported here, where callers have always found them). The last writes (final model, diverged
+status) are in :mod:`hpcfl.io.results_final`, the HDF5 helpers in :mod:`hpcfl.io.results_h5`.
+Files the writer creates in the run directory are created exclusively (:mod:`hpcfl.io.safefs`),
+and every write checks the free space it needs first (docs/reliability.md, "A full disk").
 """
 
 from __future__ import annotations
@@ -18,77 +19,17 @@ import numpy as np
 
 from ..errors import HpcflError
 from ..state import Field
-from . import client_summary, h5check, reader, safefs
+from . import h5check, reader, safefs
 from .h5check import BadFile
 from .reader import Results, diverged_round, load, metric_rows, status  # noqa: F401
+from .results_final import FinalWrites
+from .results_h5 import (LOCKING, _append, _client_eval_group, _copy_client_eval, _describe,  # noqa: F401
+                         _FULL_FIX, _open, _segments, _with_margin, configure)
 from .schema import (CHUNK, CLIENT_EVAL, CLIENT_FIELDS, F64, I64, METRICS, SCHEMA_VERSION,  # noqa: F401
                      SEGMENT_COLUMNS, SUMMARIES)
 
-LOCKING = {"locking": True}   # set by configure(); False on filesystems without file locking
 
-
-def configure(locking: bool) -> None:
-    LOCKING["locking"] = reader.LOCKING["locking"] = locking
-
-
-def _open(path, mode, **kw):
-    if not LOCKING["locking"]:
-        kw["locking"] = False
-    return h5py.File(path, mode, **kw)
-
-
-_FULL_FIX = ("Free space (or quota) there, then run the same command again to resume from the last checkpoint "
-             "(results.h5 and the checkpoints were left as they were)")
-
-
-def _with_margin(nbytes: int) -> int:
-    """Bytes to have free for a copy of ``nbytes``: HDF5 adds metadata and rounds up to blocks."""
-    return nbytes + max(64 << 10, nbytes // 50)
-
-
-def _describe(ds, unit: str, description: str):
-    ds.attrs["unit"], ds.attrs["description"] = unit, description
-    return ds
-
-
-def _append(ds: h5py.Dataset, values) -> None:
-    values = np.asarray(values, dtype=ds.dtype).reshape(-1)
-    n = ds.shape[0]
-    ds.resize((n + values.size,))
-    ds[n:] = values
-
-
-def _segments(f: h5py.File, rows: list[dict], attrs: dict, start_round: int) -> None:
-    """Create ``/segments`` holding ``rows`` plus this start (from ``attrs``) at ``start_round``."""
-    now = {"start_round": start_round, "world_size": attrs.get("world_size", 0),
-           "devices": json.dumps(attrs.get("devices", [])), "versions": json.dumps(attrs.get("versions", {})),
-           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    rows = rows + [now]
-    g = f.create_group("segments")
-    for name, (dtype, unit, description) in SEGMENT_COLUMNS.items():
-        _describe(g.create_dataset(name, data=np.array([r[name] for r in rows], dtype=dtype)), unit, description)
-
-
-def _client_eval_group(f: h5py.File, data: dict | None = None) -> None:
-    """Create ``/client_eval`` (:data:`CLIENT_EVAL`'s columns, resizable), empty or holding ``data``."""
-    g = f.create_group("client_eval")
-    for name, fld in CLIENT_EVAL.items():
-        values = np.zeros(0, dtype=fld.dtype) if data is None else np.asarray(data[name], dtype=fld.dtype)
-        _describe(g.create_dataset(name, data=values, maxshape=(None,), chunks=(CHUNK,)), fld.unit, fld.description)
-
-
-def _copy_client_eval(old: h5py.File, new: h5py.File, rounds_done: int, keep_group: bool) -> None:
-    """On resume: ``/client_eval``'s rows of rounds up to ``rounds_done`` (created empty if this run
-    evaluates clients and the old file did not)."""
-    if "client_eval" in old:
-        g = old["client_eval"]
-        keep = g["round"][()] <= rounds_done
-        _client_eval_group(new, {name: g[name][()][keep] for name in CLIENT_EVAL})
-    elif keep_group:
-        _client_eval_group(new)
-
-
-class ResultsWriter:
+class ResultsWriter(FinalWrites):
     """Creates and appends to ``results.h5`` (use on global rank 0 only).
 
     Parameters
@@ -311,104 +252,6 @@ class ResultsWriter:
                 _append(self.file["client_eval"][name], rows[name])
         except (OSError, RuntimeError) as exc:
             raise self._error(f"round {round_}", self.path, exc, 40 * n) from None
-
-    def write_final(self, params: np.ndarray, names: list[str], shapes: list[tuple],
-                    input_shape: tuple | None = None, num_classes: int | None = None) -> None:
-        """The final model (in its own dtype) and what rebuilds it: one sample's shape, classes."""
-        params = np.asarray(params)
-        self.write_pending()
-
-        def write():
-            g = self.file.require_group("final")
-            _describe(g.create_dataset("params", data=params), "1",
-                      "final flat model: parameters, then float buffers, in the order of param_names")
-            _describe(g.create_dataset("param_names", data=np.array(names, dtype=h5py.string_dtype())), "name",
-                      '"param:<module path>" or "buffer:<module path>" of each entry of params')
-            g.attrs["shapes"] = json.dumps([list(s) for s in shapes])
-            if input_shape is not None:
-                g.attrs["input_shape"] = json.dumps([int(d) for d in input_shape])
-                g.attrs["num_classes"] = int(num_classes)
-            self._write_summaries()
-            self._write_events()
-            self.file.attrs["status"] = "finished"
-
-        self._in_normal_mode("the final results", write, params.nbytes + 64 * len(names))
-
-    def mark_diverged(self, round_: int) -> None:
-        """The run ended because round ``round_`` (from 1) made the model NaN or Inf: say so
-        in the file (status "diverged", ``diverged``, ``diverged_round``); the rounds before stay."""
-        self.write_pending()
-
-        def write():
-            self.file.attrs["status"] = "diverged"
-            self.file.attrs["diverged"] = True
-            self.file.attrs["diverged_round"] = int(round_)
-
-        self._in_normal_mode("the diverged status", write, 0)
-
-    @h5check.quiet
-    def _in_normal_mode(self, what: str, write, extra: int) -> None:
-        """Run ``write`` on a normal-mode copy of the file, then rename the copy over it.
-
-        SWMR allows no new objects or attributes, so the last writes go to a copy in normal
-        mode. A file killed while open in normal mode cannot be opened again at all (HDF5's
-        consistency flags; h5py has no h5clear), while a SWMR file killed mid-write still can.
-        So the file is closed cleanly, copied, the copy written, and renamed over it: a kill
-        at any moment leaves one of two readable files. The copy needs the file's size again
-        (plus ``extra`` bytes) free: checked first. A failed write (disk full) removes the
-        copy and leaves results.h5 as it was, closed, with every round in it.
-        """
-        self.file.close()
-        self.file = None
-        need = _with_margin(os.path.getsize(self.path) + extra)
-        fix = "The final write copies results.h5 once. " + _FULL_FIX
-        try:
-            safefs.need_space(self.path, need, what, fix)
-            safefs.copy(self.path, self._final)
-            self.file = _open(self._final, "r+", libver="latest")
-            write()
-            self._commit_normal_mode()
-        except (OSError, RuntimeError, ValueError) as exc:
-            self._abandon(self._final)
-            raise self._error(what, self._final, exc, need) from None
-        except BaseException:
-            self._abandon(self._final)
-            raise
-
-    def _commit_normal_mode(self) -> None:
-        self.file.flush()
-        self.file.close()
-        self.file = None
-        safefs.fsync(self._final)
-        os.replace(self._final, self.path)
-
-    def _write_summaries(self) -> None:
-        """``/clients_summary/<field>_<stat>`` (N,): a client's statistic over the rounds it took part in.
-
-        For client fields declared with a ``summary`` (e.g. FedGSNR's contribution score,
-        the median GSNR over rounds); NaN for clients that never took part.
-        """
-        n = self.file["partition/class_counts"].shape[0]
-        ids = self.file["clients/client"][()]
-        for name, f in self.client_fields.items():
-            if f.summary is None:
-                continue
-            out = client_summary.per_client(ids, self.file[f"clients/{name}"][()], n, f.summary)   # linear in rows
-            ds = self.file.require_group("clients_summary").create_dataset(f"{name}_{f.summary}", data=out)
-            ds.attrs["unit"] = f.unit
-            ds.attrs["description"] = f"{f.summary} over rounds of: {f.description}"
-
-    def _write_events(self) -> None:
-        """``/controller_events``: one row per change of tau by an adaptive-tau steps policy
-        (GIFT, AdaComm, AFL), rebuilt from ``/metrics/tau_event`` so that it holds after resumes."""
-        if "tau_event" not in self.file["metrics"]:
-            return
-        from ..algorithms.gift import events_table
-        m = self.file["metrics"]
-        table = events_table(*(m[k][()] for k in ("round", "tau_used", "tau_next", "tau_event")))
-        _describe(self.file.create_dataset("controller_events", data=table), "round, steps, steps, name",
-                  "changes of tau: (round, old_tau, new_tau, reason), reason in stagnation, relax, literal, "
-                  "adacomm, saturation, afl; the new tau is used from round + 1")
 
     @h5check.quiet
     def close_after_failure(self) -> None:

@@ -1,0 +1,81 @@
+"""The HDF5 helpers that :class:`hpcfl.io.results.ResultsWriter` builds ``results.h5`` with.
+
+Opening a file with the file-locking choice (:func:`configure`, re-exported by
+:mod:`hpcfl.io.results`), the free space a copy of the file needs, the fix a full disk's message
+names, dataset descriptions and appends, and the ``/segments`` and ``/client_eval`` groups
+(with a resume's copy of the ``/client_eval`` rows it keeps).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import h5py
+import numpy as np
+
+from . import reader
+from .schema import CHUNK, CLIENT_EVAL, SEGMENT_COLUMNS
+
+LOCKING = {"locking": True}   # set by configure(); False on filesystems without file locking
+
+
+def configure(locking: bool) -> None:
+    LOCKING["locking"] = reader.LOCKING["locking"] = locking
+
+
+def _open(path, mode, **kw):
+    if not LOCKING["locking"]:
+        kw["locking"] = False
+    return h5py.File(path, mode, **kw)
+
+
+_FULL_FIX = ("Free space (or quota) there, then run the same command again to resume from the last checkpoint "
+             "(results.h5 and the checkpoints were left as they were)")
+
+
+def _with_margin(nbytes: int) -> int:
+    """Bytes to have free for a copy of ``nbytes``: HDF5 adds metadata and rounds up to blocks."""
+    return nbytes + max(64 << 10, nbytes // 50)
+
+
+def _describe(ds, unit: str, description: str):
+    ds.attrs["unit"], ds.attrs["description"] = unit, description
+    return ds
+
+
+def _append(ds: h5py.Dataset, values) -> None:
+    values = np.asarray(values, dtype=ds.dtype).reshape(-1)
+    n = ds.shape[0]
+    ds.resize((n + values.size,))
+    ds[n:] = values
+
+
+def _segments(f: h5py.File, rows: list[dict], attrs: dict, start_round: int) -> None:
+    """Create ``/segments`` holding ``rows`` plus this start (from ``attrs``) at ``start_round``."""
+    now = {"start_round": start_round, "world_size": attrs.get("world_size", 0),
+           "devices": json.dumps(attrs.get("devices", [])), "versions": json.dumps(attrs.get("versions", {})),
+           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    rows = rows + [now]
+    g = f.create_group("segments")
+    for name, (dtype, unit, description) in SEGMENT_COLUMNS.items():
+        _describe(g.create_dataset(name, data=np.array([r[name] for r in rows], dtype=dtype)), unit, description)
+
+
+def _client_eval_group(f: h5py.File, data: dict | None = None) -> None:
+    """Create ``/client_eval`` (:data:`CLIENT_EVAL`'s columns, resizable), empty or holding ``data``."""
+    g = f.create_group("client_eval")
+    for name, fld in CLIENT_EVAL.items():
+        values = np.zeros(0, dtype=fld.dtype) if data is None else np.asarray(data[name], dtype=fld.dtype)
+        _describe(g.create_dataset(name, data=values, maxshape=(None,), chunks=(CHUNK,)), fld.unit, fld.description)
+
+
+def _copy_client_eval(old: h5py.File, new: h5py.File, rounds_done: int, keep_group: bool) -> None:
+    """On resume: ``/client_eval``'s rows of rounds up to ``rounds_done`` (created empty if this run
+    evaluates clients and the old file did not)."""
+    if "client_eval" in old:
+        g = old["client_eval"]
+        keep = g["round"][()] <= rounds_done
+        _client_eval_group(new, {name: g[name][()][keep] for name in CLIENT_EVAL})
+    elif keep_group:
+        _client_eval_group(new)
