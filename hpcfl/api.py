@@ -95,6 +95,9 @@ def run(job, *, out=None, overrides=(), force: bool = False, comm=None, callback
         split = launch.split_world(comm.size)
         if split:   # N srun tasks, each a world of 1: each would run the whole job into the same --out
             raise HpcflError(f"{split} Stopped before touching --out.")
-    with signals.listening():
-        return JobRun(job, comm, out=out, overrides=texts, force=force,
-                      callbacks=[ShowProgress(), *callbacks]).run()
+    shown = ShowProgress()
+    try:
+        with signals.listening():
+            return JobRun(job, comm, out=out, overrides=texts, force=force, callbacks=[shown, *callbacks]).run()
+    finally:
+        shown.close()   # a run that ended without its End event (an unexpected error) gives the streams back

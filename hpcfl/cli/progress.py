@@ -98,7 +98,12 @@ class ShowProgress:
                                      start=event.start_round)
         elif event.kind == "round" and self.progress is not None:
             self.progress.update(event.metrics)
-        elif event.kind == "end" and self.progress is not None:
+        elif event.kind == "end":
+            self.close()
+
+    def close(self) -> None:
+        """End the display (at the run's End, or when the run ended without one: the streams come back)."""
+        if self.progress is not None:
             self.progress.close()
             self.progress = None
 

@@ -93,6 +93,7 @@ class JobRun:
         self.cfg = self.setup = self.planned = self.store = self.aside = self.writer = self.control = None
         self.out: Path | None = None
         self.mode, self.start, self.done, self.broken = "fresh", 0, 0, False
+        self.started = self.ended = False   # whether the Start and End events were sent
         self.t0 = time.perf_counter()
 
     def run(self):
@@ -107,6 +108,12 @@ class JobRun:
                 return self.results(f"already {'finished' if self.mode == 'done' else 'diverged'}")
             self.open()
             return self.loop()
+        except BaseException as exc:   # not one of hpcfl's endings (a bug, an interrupt): close what is open
+            if not isinstance(exc, HpcflError):
+                self._close_results()
+                if self.started and not self.ended:
+                    self.events.end("failed", self.done, self.out, f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             if self.control is not None:
                 self.control.close()   # another run may follow in this process: end this one's watchdog
@@ -189,6 +196,7 @@ class JobRun:
             self.events.start(job=cfg.to_dict(), out=self.out, run_id=self.planned.run_id, rounds=cfg.run.rounds,
                               start_round=self.start, world_size=comm.size, devices=tuple(d for d, _ in placed),
                               classifier=getattr(s.model.module, "loss", None) is None)
+        self.started = True
         failure = self._agreed(self.events.failure)
         if failure is not None:
             self._end("stopped", failure.after("the run stopped before its first round (no round was written): "
@@ -331,6 +339,7 @@ class JobRun:
         failed = write_failed(comm, err)
         if failed:
             self._end("failed", failed)
+        self.ended = True
         if diverged is not None:
             self.events.end("diverged", self.done, self.out, str(diverged))
             if comm.rank == 0:
@@ -382,5 +391,6 @@ class JobRun:
     def _end(self, status: str, err: HpcflError):
         """Every rank, for a run that cannot go on: close results.h5, the End event, raise ``err``."""
         self._close_results()
+        self.ended = True
         self.events.end(status, self.done, self.out, str(err))
         raise err

@@ -170,3 +170,28 @@ def test_a_callback_that_raises_in_a_round_stops_the_run_there(tmp_path, eval_cl
     with pytest.raises(CallbackError, match="stopped after round 2 with a checkpoint"):
         hpcfl.run(TABLE, out=tmp_path / "a", overrides={"run.eval_clients": eval_clients}, callbacks=[fail])
     assert load(tmp_path / "a").metrics["round"].tolist() == [1, 2]
+
+
+def test_an_unexpected_error_closes_the_results_and_sends_end(tmp_path, monkeypatch):
+    """Not one of hpcfl's endings (here the evaluation raises in round 2): the error comes out as it is,
+    the callbacks get End ("failed"), and results.h5 is closed with round 1 in it, so that the same
+    process can run again (an open writer would hold the file)."""
+    from hpcfl.engine import simulation
+
+    real, calls = simulation.evaluate, []
+
+    def evaluate(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulation, "evaluate", evaluate)
+    ends = []
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        hpcfl.run(TABLE, out=tmp_path / "a", callbacks=lambda e: e.kind == "end" and ends.append(e))
+    assert [(e.status, e.rounds_done) for e in ends] == [("failed", 1)] and "RuntimeError" in ends[0].message
+    assert load(tmp_path / "a").metrics["round"].tolist() == [1]
+    monkeypatch.setattr(simulation, "evaluate", real)
+    assert hpcfl.run(TABLE, out=tmp_path / "a").outcome == "finished"
+    assert sys.stdout is not None and type(sys.stdout).__name__ != "_AfterBar"
