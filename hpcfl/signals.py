@@ -160,7 +160,8 @@ def listening():
         yield
     finally:
         for name, handler in saved.items():
-            signal.signal(getattr(signal, name), handler)
+            if handler is not None:   # None: a handler set outside Python, which cannot be put back from here
+                signal.signal(getattr(signal, name), handler)
         _requested.clear()
         _startup["may_exit"] = True
 
