@@ -65,6 +65,7 @@ def run_job(job, out, overrides, force: bool, comm) -> int:
     """Collective: run ``job`` through :func:`hpcfl.api.run`, print, return the exit code (``hpcfl run``
     and each point of ``hpcfl sweep``)."""
     from .. import api
+    from ..engine import job as _engine  # noqa: F401  (torch and the engine load before the run's clock starts)
     from .progress import fit_to_terminal, summary_table
 
     restore = fit_to_terminal() if comm.rank == 0 else None   # no line wider than the user's terminal
