@@ -29,7 +29,10 @@
 # own words can make a line longer than that (how long depends on the address, so some launches
 # fail and others do not). srun then prints "mpi/pmi2: invalid client request" (with "value not
 # properly terminated" or "request not begin with 'cmd='") and the ranks abort in MPI_Init: no rank
-# has started the run, so nothing in $OUT changed and starting again is safe.
+# has started the run, so nothing in $OUT changed and starting again is safe. The same job tends to
+# fail the same way every time (MPICH sends the bytes that follow the UCX address in its memory too,
+# and they rarely compress), so unless MPIR_CVAR_CH4_NETMOD is set the next launch uses MPICH's OFI
+# (libfabric) netmod, whose address is a few dozen bytes: results are the same bits either way.
 
 # shellcheck shell=bash
 
@@ -73,6 +76,13 @@ hpcfl_srun() {
         echo "hpcfl: the ranks did not start (exit $rc): Slurm's pmi2 plugin misread an MPI address line" \
              "longer than the 1024 bytes it reads at once; nothing was run, launching again" \
              "($launches of at most $retries, HPCFL_LAUNCH_RETRIES)" >&2
+        if [ -z "${MPIR_CVAR_CH4_NETMOD:-}" ]; then
+            # The same job misreads again and again (what follows the address in memory is sent too):
+            # MPICH's libfabric netmod publishes an address of a few dozen bytes instead.
+            export MPIR_CVAR_CH4_NETMOD=ofi
+            echo "hpcfl: the next launch uses MPICH's OFI netmod (MPIR_CVAR_CH4_NETMOD=ofi), whose address" \
+                 "fits in one PMI line; set MPIR_CVAR_CH4_NETMOD yourself to choose another" >&2
+        fi
     done
     [ "$errors" = /dev/null ] || rm -f "$errors"
     # A rank froze and the watchdog ended the job: it exits 75 through MPI_Abort, which srun

@@ -29,11 +29,13 @@ PROGRAM["array_sweep"] = ["sweep", "jobs/sweep_quickstart.toml"]
 # srun: record argv one per line, drop srun's own --options (the templates write them as
 # --opt=value), then run the rest, as srun runs the program on each rank.
 # STANDIN_PMI_MISREAD=N: the first N calls print what srun prints when Slurm's pmi2 plugin misread
-# a PMI-1 line (the ranks then abort in MPI_Init) and exit 16. Calls are counted in srun.calls.
+# a PMI-1 line (the ranks then abort in MPI_Init) and exit 16. Calls are counted in srun.calls, and
+# each call's MPIR_CVAR_CH4_NETMOD (empty when unset) is a line of srun.netmod.
 SRUN = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/srun.argv"
 n=$(( $(cat "$STANDIN_DIR/srun.calls" 2>/dev/null || echo 0) + 1 ))
 echo "$n" > "$STANDIN_DIR/srun.calls"
+echo "${MPIR_CVAR_CH4_NETMOD:-}" >> "$STANDIN_DIR/srun.netmod"
 if [ "$n" -le "${STANDIN_PMI_MISREAD:-0}" ]; then
     echo "slurmstepd-node1: error: mpi/pmi2: value not properly terminated in client request" >&2
     echo "slurmstepd-node1: error: mpi/pmi2: invalid client request" >&2

@@ -135,6 +135,27 @@ def test_a_pmi_misread_launches_again_and_the_job_finishes(stand, name):
     assert "hpcfl: finished" in p.stdout and stand.argv("scontrol") is None
 
 
+def netmods(stand):
+    return (stand.dir / "srun.netmod").read_text().splitlines()
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_launch_after_a_misread_uses_mpichs_ofi_netmod(stand, name):
+    """The same job misreads again and again (the bytes after the UCX address go out too): the next
+    launch asks MPICH for its OFI netmod, whose address fits one PMI line, and says so."""
+    p = stand.run(name, STANDIN_PMI_MISREAD=1, STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
+    assert p.returncode == 0, p.output
+    assert netmods(stand) == ["", "ofi"]
+    assert "the next launch uses MPICH's OFI netmod (MPIR_CVAR_CH4_NETMOD=ofi)" in p.stderr
+
+
+def test_a_netmod_the_user_chose_is_kept_on_the_next_launch(stand):
+    p = stand.run("cpu_only", STANDIN_PMI_MISREAD=1, STANDIN_EXIT=0, SLURM_RESTART_COUNT=0,
+                  MPIR_CVAR_CH4_NETMOD="ucx")
+    assert p.returncode == 0, p.output
+    assert netmods(stand) == ["ucx", "ucx"] and "OFI netmod" not in p.stderr
+
+
 @pytest.mark.parametrize("retries, launches", [(None, 3), ("0", 1), ("4", 5)])
 def test_pmi_misreads_are_launched_again_at_most_the_retries(stand, retries, launches):
     p = stand.run("cpu_only", STANDIN_PMI_MISREAD=10, SLURM_RESTART_COUNT=0, HPCFL_LAUNCH_RETRIES=retries)
