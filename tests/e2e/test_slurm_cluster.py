@@ -13,6 +13,7 @@ a three-node cluster: tests/e2e/test_slurm_multinode.py.
 import math
 import os
 import re
+import resource
 import sys
 import time
 from pathlib import Path
@@ -144,21 +145,31 @@ def quick_ref(tmp_path_factory):
 
 class LongJob:
     """The quickstart with enough rounds to run about LONG_SECONDS at 1 rank on this machine now
-    (measured on 20 rounds), and its uninterrupted run at 1 rank, started in the background
-    while the Slurm jobs run; :meth:`ref` waits for it."""
+    (CPU time of 80 rounds against 20), and its uninterrupted run at 1 rank, started
+    in the background while the Slurm jobs run; :meth:`ref` waits for it."""
 
     def __init__(self, d: Path):
-        calib = hpcfl("run", str(QUICK), "--out", str(d / "calib"), *TEMPLATE_SETS, "--set", "run.rounds=20",
-                      timeout=300)
-        assert calib.returncode == 0, calib.stderr
-        startup = float(re.search(r"startup ([\d.]+) s", calib.stdout).group(1))
-        wall = float(re.search(r"wall time\s*\|\s*([\d.]+) s", calib.stdout).group(1))
-        per_round = max(wall - startup, 0.1) / 20
-        self.rounds = min(max(math.ceil(LONG_SECONDS / per_round), 200), 4000)
+        # CPU seconds of two lengths: the difference cancels what does not grow with rounds (start-up,
+        # the final write), and CPU time, unlike wall time, does not grow with the other test
+        # worker's load. Sized from wall time, rounds counted 2.7 times slower than the Slurm job
+        # ran them, which then ended inside its first attempt (647 rounds in 27 s). A loaded
+        # Slurm job only runs longer: more attempts, within REQUEUE_CAP.
+        per_round = (self._cpu(d / "calib80", 80) - self._cpu(d / "calib20", 20)) / 60
+        self.rounds = min(max(math.ceil(LONG_SECONDS / max(per_round, 0.005)), 200), 4000)
         self.path = d / "long.toml"
         self.path.write_text(QUICK.read_text().replace("\nrounds = 30\n", f"\nrounds = {self.rounds}\n"))
         self.out = d / "out"
         self.proc = start("run", str(self.path), "--out", str(self.out), *TEMPLATE_SETS)
+
+    @staticmethod
+    def _cpu(out: Path, rounds: int) -> float:
+        """CPU seconds (user and system) of ``rounds`` quickstart rounds at 1 rank, one thread."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        calib = hpcfl("run", str(QUICK), "--out", str(out), *TEMPLATE_SETS, "--set", f"run.rounds={rounds}",
+                      timeout=300)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert calib.returncode == 0, calib.stderr
+        return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
     def ref(self, timeout=600) -> Path:
         out, err = self.proc.communicate(timeout=timeout)
