@@ -262,7 +262,7 @@ def agreed(comm, err: HpcflError | None) -> int:
     from ..engine.job import agree
 
     try:
-        agree(comm, err)
+        agree(comm, err, "the sweep point's job file")
     except HpcflError as exc:
         if comm.rank == 0:
             print(exc, file=sys.stderr, flush=True)

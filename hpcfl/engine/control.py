@@ -21,8 +21,9 @@ from ..signals import stop_requested
 from .watchdog import Limits, Watchdog
 
 
-FAULT_PHASES = ("decide", "train", "reduce", "server", "eval", "checkpoint")   # RunControl.phase's names
-FAULT_KINDS = ("raise", "exit", "kill", "hang", "stop")
+# RunControl.phase's names, and "setup": start-up's set-up, before the placement's collectives (round 0)
+FAULT_PHASES = ("decide", "train", "reduce", "server", "eval", "checkpoint", "setup")
+FAULT_KINDS = ("raise", "exit", "kill", "hang", "stop", "refuse")
 FAULT_FORMAT = (f"HPCFL_FAULT=RANK:PHASE:ROUND:KIND with RANK and ROUND integers counted from 0, PHASE one of "
                 f"{', '.join(FAULT_PHASES)} and KIND one of {', '.join(FAULT_KINDS)} (e.g. 0:train:1:kill); it is "
                 f"a test hook that makes a run fail on purpose: unset it for real runs")
@@ -57,9 +58,10 @@ class FaultInjector:
 
     ``round`` is the loop's index, counted from 0 (messages and files count from 1).
 
-    kind is ``raise`` (an exception), ``exit`` (exit code 1), ``kill`` (SIGKILL to itself),
-    ``hang`` (sleep forever, for the watchdog) or ``stop`` (SIGSTOP to itself: a frozen rank,
-    whose own watchdog thread stops with it); each says so on stderr first. When
+    kind is ``raise`` (an exception), ``refuse`` (an input error, exit 2, as a rank that finds its
+    data missing), ``exit`` (exit code 1), ``kill`` (SIGKILL to itself), ``hang`` (sleep forever,
+    for the watchdog) or ``stop`` (SIGSTOP to itself: a frozen rank, whose own watchdog thread
+    stops with it); each says so on stderr first. Phase ``setup`` is start-up's, in round 0. When
     ``HPCFL_FAULT_STAMP`` names a file, the wall time of the fault is written there first, so
     tests can time the shutdown. Used by the rank-death tests; a no-op when the variable is
     unset. A malformed value raises an input error (``hpcfl run`` checks it before it creates
@@ -84,6 +86,8 @@ class FaultInjector:
               file=sys.stderr, flush=True)
         if kind == "raise":
             raise RuntimeError(f"injected fault in phase {phase} of round {rnd}")
+        if kind == "refuse":
+            raise HpcflError(f"injected refusal on rank {self.rank} in phase {phase} (HPCFL_FAULT)")
         if kind == "exit":
             sys.exit(1)
         if kind == "kill":

@@ -30,6 +30,7 @@ from pathlib import Path
 from .. import config, signals
 from ..errors import EXIT_INPUT, CallbackError, GuardStopped, HpcflError, RunError, RunStopped, WriteError
 from ..io import rundir
+from ..parallel.meet import Abort, meet
 from ..parallel.runtime import NondeterministicOp, versions
 from . import planning, resume, simulation
 from .control import RunControl, fault_notice, write_failed
@@ -43,11 +44,12 @@ def batching(flush_seconds: float) -> dict:
     return {"batch_seconds": float(flush_seconds), "batch_rows": 1 << 18}
 
 
-def agree(comm, err: Exception | None) -> None:
+def agree(comm, err: Exception | None, what: str) -> None:
     """Collective: if any rank failed, every rank raises the first failed rank's error (that rank its
     own, with its traceback; the others a copy), and the ``--out`` that planning locked is released
-    (and removed if planning created it): nothing was started."""
-    gathered = comm.allgather(err)
+    (and removed if planning created it): nothing was started. Every rank meets at ``what`` through
+    :func:`hpcfl.parallel.meet.meet`: a rank whose peers do not come ends them all within seconds."""
+    gathered = meet(comm, err, what, abort=Abort(undo=rundir.abandon))
     first = next((r for r, e in enumerate(gathered) if e is not None), None)
     if first is not None:
         rundir.abandon()
@@ -138,17 +140,28 @@ class JobRun:
             _locking(cfg.results.locking)
             if comm.rank == 0:
                 self.planned = planning.plan_run(cfg, self.out, self.force)
-            self.setup = simulation.prepare(cfg, comm)
-            if comm.rank == 0 and self.planned.mode == "resume":   # a checkpoint that does not fit: an older one
-                planning.settle(cfg, self.setup, self.planned)
         except HpcflError as exc:
             err = exc
-        agree(comm, err)
-        if any(comm.allgather(signals.stop_requested())):   # stopped during start-up: nothing is written
+        # Rank 0's refusal must reach every rank here, before set-up: set-up's own collectives
+        # (placement, the per-node data) would otherwise wait for a rank 0 that waits here.
+        agree(comm, err, "the end of planning")
+        self._stopped()
+        try:
+            self.setup = simulation.prepare(self.cfg, comm)
+            if comm.rank == 0 and self.planned.mode == "resume":   # a checkpoint that does not fit: an older one
+                planning.settle(self.cfg, self.setup, self.planned)
+        except HpcflError as exc:
+            err = exc
+        agree(comm, err, "the end of set-up")
+        self._stopped()
+        signals.end_startup()
+
+    def _stopped(self) -> None:
+        """Collective: a stop signal on any rank during start-up ends the run, nothing written."""
+        if any(self.comm.allgather(signals.stop_requested())):
             rundir.abandon()
             raise RunStopped("stopped during start-up; nothing was written or changed. Run the same command again "
                              "to start")
-        signals.end_startup()
 
     # ---- 2. commit ---------------------------------------------------------------------------
 
@@ -161,7 +174,7 @@ class JobRun:
                 self.store, self.aside = planning.commit(self.cfg, self.out, self.planned)
             except HpcflError as exc:
                 err = exc
-        agree(comm, err)
+        agree(comm, err, "the end of the commit")
         loaded = self.planned.loaded if comm.rank == 0 else None
         self.mode, self.start = comm.bcast((self.planned.mode, loaded.round if loaded else 0) if comm.rank == 0
                                            else None, root=0)

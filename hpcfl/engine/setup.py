@@ -21,6 +21,7 @@ from ..parallel.comm import owners
 from ..parallel.gpus import place
 from ..parallel.runtime import configure_determinism, pick_threads
 from ..params import FlatModel
+from .control import FaultInjector
 from .dataload import load_per_node
 
 
@@ -61,6 +62,7 @@ def prepare(cfg, comm) -> Setup:
     from ..models import pool
 
     configure_determinism(cfg.runtime.deterministic)   # before CUDA is first touched
+    FaultInjector(comm.rank).check("setup", 0)   # a test hook: one rank refusing while the others place
     placement = place(comm, cfg.runtime.device, cfg.runtime.share_gpus)
     device, local_size = placement.device, placement.local_size
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32

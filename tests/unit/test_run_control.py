@@ -30,9 +30,10 @@ def test_every_phase_and_kind_parses_and_the_notice_counts_rounds_from_1():
     assert "rank 2 will hang in phase 'eval' of round 8" in fault_notice("2:eval:7:hang")
 
 
-def test_the_phases_are_the_ones_the_round_loop_enters():
+def test_the_phases_are_the_ones_the_round_loop_enters_and_set_up():
     src = (ROOT / "hpcfl/engine/simulation.py").read_text()
-    assert set(re.findall(r'control\.phase\("(\w+)"', src)) == set(FAULT_PHASES)
+    assert set(re.findall(r'control\.phase\("(\w+)"', src)) | {"setup"} == set(FAULT_PHASES)
+    assert 'FaultInjector(comm.rank).check("setup", 0)' in (ROOT / "hpcfl/engine/setup.py").read_text()
 
 
 def test_the_injector_targets_its_rank_only_and_refuses_a_bad_spec(monkeypatch):
