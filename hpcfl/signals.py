@@ -37,6 +37,11 @@ STARTUP_GRACE_S = 3.0
 STARTUP_STILL_S = 3.0
 STARTUP_EXIT = 75   # parallel.exits.EXIT_RESUMABLE (not importable from here): run the command again
 _startup: dict = {"on": False, "watcher": None, "undo": None, "may_exit": True}
+# Python runs a signal's handler in the main thread between two bytecodes: never while the main
+# thread is blocked inside a C call that does not return, such as an MPI collective whose peers are
+# elsewhere (a frozen rank, a rank that refused). The C-level handler still writes the signal's
+# number to the wakeup fd, so a thread that reads it arms the watcher above in that case too.
+_woken: list = [None]   # the stop signal the wakeup thread saw, for the watcher's message
 _stopping: list = [None]   # what the acknowledgement says happens next, when not a run's (install() sets it)
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -102,7 +107,8 @@ def _give_up(still: float) -> None:
             _startup["undo"]()
     except BaseException:   # noqa: BLE001, S110 - stopping regardless; the message below still goes out
         pass
-    os.write(2, (f"\nhpcfl: rank {_rank()}: start-up is blocked ({still:.0f} s without progress after {_requested[0]}: "
+    os.write(2, (f"\nhpcfl: rank {_rank()}: start-up is blocked ({still:.0f} s without progress after "
+                 f"{_requested[0] if _requested else _woken[0]}: "
                  f"e.g. reading a file that never ends, such as a FIFO without a writer, or waiting for another "
                  f"rank); stopped at once. Nothing was written or changed; run the same command again to "
                  f"start\n").encode())
@@ -127,15 +133,49 @@ def end_startup() -> None:
         done.set()
 
 
-def install(stopping: str | None = None, startup: bool = False) -> None:
+def install(stopping: str | None = None, startup: bool = False, wake: bool = True) -> None:
     """Install the stop handlers. ``stopping``: what the acknowledgement says happens next, when
     not a run's (``hpcfl sweep`` says its planning stops at once); ``startup``: the process is
-    starting a run (:func:`begin_startup`)."""
+    starting a run (:func:`begin_startup`); ``wake``: also end a start-up blocked in C (the
+    command line; :func:`listening` never ends the process, so it leaves the wakeup fd alone)."""
     _stopping[0] = stopping
     for name in STOP_SIGNALS:
         signal.signal(getattr(signal, name), _on_signal)
+    if wake:
+        _watch_wakeups()
     if startup:
         begin_startup()
+
+
+def _watch_wakeups() -> None:
+    """Once per process, where no one else uses it (asyncio does): the wakeup fd and its reader."""
+    if _woken[0] is not None or threading.current_thread() is not threading.main_thread():
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    if previous != -1:   # someone's event loop: leave it theirs
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        return
+    _woken[0] = ""
+    numbers = {getattr(signal, name).value: name for name in STOP_SIGNALS}
+    threading.Thread(target=_read_wakeups, args=(r, numbers), name="hpcfl-signal-wakeup", daemon=True).start()
+
+
+def _read_wakeups(fd: int, numbers: dict) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        for number in data:
+            if number in numbers and _startup["on"] and _startup["may_exit"]:
+                _woken[0] = numbers[number]
+                _arm()
 
 
 @contextlib.contextmanager
@@ -155,7 +195,7 @@ def listening():
     saved = {name: signal.getsignal(getattr(signal, name)) for name in STOP_SIGNALS}
     _requested.clear()
     _startup["may_exit"] = False
-    install()
+    install(wake=False)
     try:
         yield
     finally:
