@@ -151,7 +151,7 @@ def main(argv=None) -> int:
 
 # Commands that load torch and data: after them the interpreter's teardown (freeing torch's and
 # numpy's memory) kept the user waiting 4-7 s after the summary, so they end with
-# exit_all (flush, MPI_Finalize, os._exit). Every rank returns from main together, and every file
+# exit_all (flush, MPI_Finalize, C's exit: no Python teardown). Every rank returns from main together, and every file
 # is closed by then (results, checkpoints, figures). The light commands end as usual.
 QUICK_EXIT = ("run", "sweep", "bench", "info")
 

@@ -24,13 +24,40 @@ from ..errors import EXIT_DIVERGED, EXIT_GUARD, EXIT_INPUT, EXIT_RESUMABLE, EXIT
 from .mpi import mpi_module
 
 
+# How the process ends after MPI_Finalize. MPICH sends its PMI "finalize" to the launcher from a C
+# exit handler, not from MPI_Finalize itself. ``os._exit`` skips C's exit handlers, so the message
+# never went out: hydra (mpiexec) then saw the rank's PMI socket close as a crash and killed the
+# job's other processes with SIGKILL. A bare rank killed after its own finalise is reported as
+# exit 0, but a rank started through a wrapper (``sh -c "..."``, as GPU-selection and profiling
+# wrappers are) is the wrapper, and its SIGKILL is reported: exit 9 after a run that finished
+# (3 of 8 launches of ``hpcfl run``). C's ``exit`` runs those handlers (strace shows
+# ``cmd=finalize`` sent, and 0 of 10 wrapped launches killed) and still skips Python's teardown,
+# the seconds of freeing torch's memory that ``os._exit`` was there to save.
+
+
+def _c_exit(code: int) -> None:
+    """End the process through C's ``exit``: C's exit handlers run (MPICH's PMI finalize), Python's
+    teardown does not. ``os._exit`` where the C library cannot be reached."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.exit.argtypes = [ctypes.c_int]
+        libc.exit(code)
+    except (OSError, AttributeError):
+        pass
+    os._exit(code)
+
+
 def exit_all(code: int) -> None:
     """Exit with ``code`` on a path every rank takes together.
 
     A plain ``sys.exit`` under ``python -m mpi4py`` becomes ``MPI_Abort`` (noisy, and it
-    kills the other ranks before they print); since all ranks agreed, finalise cleanly.
+    kills the other ranks before they print); since all ranks agreed, finalise cleanly, then end
+    through C's ``exit`` (see above): the launcher hears every rank's finalize, and Python's
+    teardown is skipped.
     """
     sys.stdout.flush()
     sys.stderr.flush()
     mpi_module().Finalize()
-    os._exit(code)
+    _c_exit(code)
