@@ -8,7 +8,8 @@
 # ranks' exit code:
 #   0    finished;
 #   75   stopped early with a checkpoint in $OUT (USR1 before the time limit, scancel --signal=TERM,
-#        a stalled rank: srun then reports 137, and $OUT/.hpcfl-stalled tells it apart): requeue this job (`scontrol requeue`; the next attempt resumes from the
+#        a stalled rank: srun then reports 137, and the watchdog's note $OUT/.hpcfl-stalled, naming
+#        this launch, tells it apart): requeue this job (`scontrol requeue`; the next attempt resumes from the
 #        checkpoint), at most MAX_REQUEUES times (default 5; SLURM_RESTART_COUNT counts them);
 #   2    bad input (fix the job file), anything else a failure: not requeued.
 # The templates' `#SBATCH --signal=B:USR1@<seconds>` sends USR1 to this batch shell only; it is
@@ -59,13 +60,40 @@ hpcfl_srun_once() {
 # what srun prints when Slurm's pmi2 plugin could not parse a rank's PMI-1 line (see above)
 HPCFL_PMI_MISREAD='mpi/pmi2: (invalid client request|value not properly terminated|request not begin with)'
 
+# $1 is a whole number from $3 to $4, or the job ends with exit 2 naming variable $2.
+hpcfl_check_count() {
+    case $1 in
+    '' | *[!0-9]*) ;;
+    *) if [ "${#1}" -le 6 ] && [ "$1" -ge "$3" ] && [ "$1" -le "$4" ]; then return 0; fi ;;
+    esac
+    echo "hpcfl: $2=$1 is not a whole number from $3 to $4; set it to one (e.g. $2=$5) or unset it" >&2
+    exit 2
+}
+
+# The watchdog's note (a rank froze: srun reports 137, the run meant 75) counts only when this
+# launch wrote it: a regular file at $OUT's top whose first line names this launch's token.
+hpcfl_stall_note() {
+    local note=$1 token=$2 first
+    [ -f "$note" ] && [ ! -L "$note" ] || return 1
+    IFS= read -r first < "$note" || return 1
+    [ "$first" = "hpcfl-stalled attempt=$token run=${first##* run=}" ] || return 1
+    tail -n +2 "$note" | head -c 300
+}
+
 hpcfl_srun() {
     local restarts=${SLURM_RESTART_COUNT:-0} max=${MAX_REQUEUES:-5} pid='' rc
-    local launches=0 retries=${HPCFL_LAUNCH_RETRIES:-2} stopping='' errors
+    local launches=0 retries=${HPCFL_LAUNCH_RETRIES:-2} stopping='' errors said
+    hpcfl_check_count "$max" MAX_REQUEUES 0 10000 5
+    hpcfl_check_count "$retries" HPCFL_LAUNCH_RETRIES 0 100 2
     echo "hpcfl: job ${SLURM_JOB_ID:-?} attempt $((restarts + 1)), out $OUT"
+    # The run leaves its stall note here, headed by this launch's token (see hpcfl_stall_note);
+    # a note left by an earlier attempt, or planted, is removed first (a link: the link itself).
+    export HPCFL_STALL_NOTE="$OUT/.hpcfl-stalled"
     trap 'stopping=1; echo "hpcfl: got USR1, asking the ranks to checkpoint and stop"; [ -n "$pid" ] && kill -s USR1 "$pid"' USR1
     errors=$(mktemp "${TMPDIR:-/tmp}/hpcfl-srun.XXXXXX") || errors=/dev/null
     while :; do
+        export HPCFL_ATTEMPT="${SLURM_JOB_ID:-0}.$restarts.$launches.$$.$RANDOM$RANDOM"
+        rm -f -- "$HPCFL_STALL_NOTE" 2>/dev/null
         hpcfl_srun_once "$errors" "$@"
         rc=$?
         launches=$((launches + 1))
@@ -86,15 +114,10 @@ hpcfl_srun() {
     done
     [ "$errors" = /dev/null ] || rm -f "$errors"
     # A rank froze and the watchdog ended the job: it exits 75 through MPI_Abort, which srun
-    # reports as 137 after killing every task; the watchdog leaves .hpcfl-stalled in the run's
-    # folder (a sweep's: a point's) first, and a run removes it when it starts.
-    local stalled='' f
-    for f in "$OUT"/.hpcfl-stalled "$OUT"/*/.hpcfl-stalled; do
-        if [ -f "$f" ]; then stalled=$f; break; fi
-    done
-    if [ "$rc" -ne 0 ] && [ "$rc" -ne 2 ] && [ "$rc" -ne 75 ] && [ -n "$stalled" ]; then
-        echo "hpcfl: exit code $rc after the watchdog ended a stalled run ($stalled):" \
-             "$(head -c 300 "$stalled")"
+    # reports as 137 after killing every task; the watchdog leaves its note first.
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 2 ] && [ "$rc" -ne 75 ] &&
+       said=$(hpcfl_stall_note "$HPCFL_STALL_NOTE" "$HPCFL_ATTEMPT"); then
+        echo "hpcfl: exit code $rc after the watchdog ended a stalled run ($HPCFL_STALL_NOTE): $said"
         rc=75
     fi
     case $rc in

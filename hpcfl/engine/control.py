@@ -116,13 +116,16 @@ class RunControl:
         Rounds done at the checkpoint this run resumed from (0: a fresh run); the watchdog's
         message says where a rerun would resume.
     out : Path, optional
-        The run's ``--out``: the watchdog leaves :data:`hpcfl.io.rundir.STALLED` there.
+        The run's ``--out``: the watchdog leaves its note there (:func:`hpcfl.io.rundir.stall_marker`).
+    run_id : str
+        The run's id, named in that note.
     """
 
     def __init__(self, comm, guard, watchdog: Limits | float, checkpoint_minutes: float = 0.0,
-                 resumed_from: int = 0, out=None):
+                 resumed_from: int = 0, out=None, run_id: str = ""):
         self.comm, self.guard = comm, guard
-        self.watchdog = Watchdog(comm, watchdog, marker=None if out is None else rundir.stall_marker(out))
+        self.watchdog = Watchdog(comm, watchdog, marker=None if out is None else rundir.stall_marker(out),
+                                 header=rundir.stall_header(run_id))
         self.watchdog.resumed_from = resumed_from
         self.faults = FaultInjector(comm.rank)
         self.interval = 60.0 * checkpoint_minutes

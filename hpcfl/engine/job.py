@@ -94,7 +94,7 @@ class JobRun:
         self.events = Callbacks(callbacks, comm.rank == 0)
         self.cfg = self.setup = self.planned = self.store = self.aside = self.writer = self.control = None
         self.out: Path | None = None
-        self.mode, self.start, self.done, self.broken = "fresh", 0, 0, False
+        self.mode, self.start, self.done, self.broken, self.run_id = "fresh", 0, 0, False, ""
         self.started = self.ended = False   # whether the Start and End events were sent
         self.t0 = time.perf_counter()
 
@@ -176,8 +176,9 @@ class JobRun:
                 err = exc
         agree(comm, err, "the end of the commit")
         loaded = self.planned.loaded if comm.rank == 0 else None
-        self.mode, self.start = comm.bcast((self.planned.mode, loaded.round if loaded else 0) if comm.rank == 0
-                                           else None, root=0)
+        self.mode, self.start, self.run_id = comm.bcast(
+            (self.planned.mode, loaded.round if loaded else 0, self.planned.run_id) if comm.rank == 0 else None,
+            root=0)
         self.done = self.start
         if comm.rank == 0:
             for note in self.planned.notes:
@@ -249,7 +250,7 @@ class JobRun:
         """Every rank: the rounds, then :meth:`finish`; each way a run can stop ends here too."""
         cfg, comm = self.cfg, self.comm
         self.control = RunControl(comm, cfg.guard, Limits.of(cfg.watchdog, comm.size), cfg.checkpoint.every_minutes,
-                                  resumed_from=self.start, out=self.out)
+                                  resumed_from=self.start, out=self.out, run_id=self.run_id)
         try:
             x = simulation.run(self.setup, on_round=self.on_round, start=self.start, sim_time=self.sim_time, x=self.x,
                                control=self.control, checkpoint=self.checkpoint, on_eval=self.on_eval)

@@ -15,9 +15,10 @@ minute-long ones are both watched without tuning::
     and at least startup_s while no round has finished, or in a phase of a kind not yet finished
 
 Under ``srun`` the job's exit code cannot say 75: ``MPI_Abort`` makes Slurm kill every task,
-and ``srun`` reports 137. So each aborting rank first leaves ``<out>/.hpcfl-stalled`` (the
-message), which a batch script reads to requeue (slurm/README.md); rank 0 removes it when a run
-starts. The write gets 2 s in a thread of its own: a stuck file system must not stop the abort.
+and ``srun`` reports 137. So the first aborting rank leaves a note, which slurm/hpcfl_srun.sh
+reads to requeue (slurm/README.md): at the path it gives (``HPCFL_STALL_NOTE``), its first line
+naming that launch (``HPCFL_ATTEMPT``) and the run, so that a stale or planted note never turns a
+crash into a requeue; without the launcher, in ``<out>/.hpcfl-stalled``. The write gets 2 s in a thread of its own: a stuck file system must not stop the abort.
 
 Time in which this process itself did not run (the whole job stopped by ``scontrol suspend``
 or a Ctrl-Z, a suspended laptop) is not counted: the thread notices that it woke far later than
@@ -81,11 +82,14 @@ class Watchdog:
     start : bool
         Start the watching thread (when the limits are on).
     marker : Path, optional
-        Where to leave the message before aborting (``<out>/.hpcfl-stalled``).
+        Where to leave the message before aborting (:func:`hpcfl.io.rundir.stall_marker`).
+    header : str
+        The note's first line (:func:`hpcfl.io.rundir.stall_header`: the launch and the run).
     """
 
-    def __init__(self, comm, limits, clock=time.monotonic, start: bool = True, marker: Path | None = None):
-        self.comm, self.marker = comm, marker
+    def __init__(self, comm, limits, clock=time.monotonic, start: bool = True, marker: Path | None = None,
+                 header: str = "hpcfl-stalled"):
+        self.comm, self.marker, self.header = comm, marker, header
         self.limits = limits if isinstance(limits, Limits) else Limits(fixed=float(limits))
         self.clock = clock
         self.paused = 0.0               # seconds this process did not run (not counted)
@@ -170,14 +174,15 @@ class Watchdog:
                 f"watchdog.startup_s, or set watchdog.timeout_s (0: off)")
 
     def leave_marker(self, text: str, wait: float = 2.0) -> None:
-        """Write ``text`` to :attr:`marker` (temporary name, renamed: ranks that abort together
-        each leave a whole file), giving up after ``wait`` seconds; errors are ignored."""
+        """Write :attr:`header` and ``text`` to :attr:`marker`, once: the first rank that aborts
+        writes a whole file, a name already there (another rank's note, a planted link) is left
+        as it is. Gives up after ``wait`` seconds; errors are ignored."""
         if self.marker is None:
             return
 
         def write():
             try:
-                safefs.write_new(self.marker, (text + "\n").encode())
+                safefs.write_once(self.marker, f"{self.header}\n{text}\n".encode())
             except (OSError, ValueError):   # a stuck or full file system: the abort matters more
                 pass
 

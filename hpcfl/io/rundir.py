@@ -304,11 +304,24 @@ def set_aside(out: Path, files: list[Path]) -> Path | None:
     return aside
 
 
+STALL_NOTE_ENV = "HPCFL_STALL_NOTE"   # set by slurm/hpcfl_srun.sh: where its attempt's note goes
+ATTEMPT_ENV = "HPCFL_ATTEMPT"         # set by slurm/hpcfl_srun.sh: a token for each launch
+
+
 def stall_marker(out: Path) -> Path:
-    """Where the watchdog says that it ended a run in ``out`` (:data:`STALLED`)."""
-    return Path(out) / STALLED
+    """Where the watchdog says that it ended a run in ``out``: the launcher's path when it gives
+    one (``$OUT/.hpcfl-stalled`` for a run and for every point of a sweep), else ``out/``:data:`STALLED`."""
+    given = os.environ.get(STALL_NOTE_ENV)
+    return Path(given) if given else Path(out) / STALLED
+
+
+def stall_header(run_id: str) -> str:
+    """The note's first line: which launch (``HPCFL_ATTEMPT``) and which run wrote it. The
+    launcher accepts a note only when it names the launch it just made (slurm/hpcfl_srun.sh)."""
+    return f"hpcfl-stalled attempt={os.environ.get(ATTEMPT_ENV, '')} run={run_id}"
 
 
 def clear_stall(out: Path) -> None:
-    """A run starts in ``out``: an earlier attempt's :data:`STALLED` no longer describes it."""
-    safefs.remove_stale(stall_marker(out))
+    """A run starts in ``out``: an earlier attempt's :data:`STALLED` there no longer describes it
+    (the launcher clears its own note before each launch)."""
+    safefs.remove_stale(Path(out) / STALLED)

@@ -95,6 +95,25 @@ def write_new(path: Path, data: bytes) -> None:
         raise
 
 
+def write_once(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` unless something is there already (a file, a link: never
+    followed, never replaced); the file appears whole. True when this call wrote it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = create(tmp)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)   # atomic, and fails on any existing name: a planted link stays a link
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        discard(tmp)
+
+
 def copy(src: Path, dst: Path) -> None:
     """Copy ``src`` to a new file ``dst`` (a stale ``dst`` is removed first), fsynced; on failure
     nothing is left at ``dst``."""

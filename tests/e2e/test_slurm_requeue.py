@@ -50,18 +50,53 @@ def test_no_requeue_on_bad_input_or_failure(stand, name, code):
     assert stand.argv("scontrol") is None
 
 
-@pytest.mark.parametrize("point", ["", "fedavg_seed-0"])
 @pytest.mark.parametrize("name", TEMPLATES)
-def test_a_stall_ended_by_the_watchdog_requeues(stand, name, point):
-    """Under srun the watchdog's exit 75 reads 137 (MPI_Abort: srun kills every task); the
-    .hpcfl-stalled note it leaves in the run's folder (a sweep point's) makes it a requeue."""
+def test_a_stall_ended_by_the_watchdog_requeues(stand, name):
+    """Under srun the watchdog's exit 75 reads 137 (MPI_Abort: srun kills every task); the note it
+    leaves where the launcher said, naming this launch, makes it a requeue."""
     out = stand.dir / "out"
-    (out / point).mkdir(parents=True, exist_ok=True)
-    (out / point / ".hpcfl-stalled").write_text("rank 1 stalled in phase train of round 7")
-    p = stand.run(name, STANDIN_EXIT=137, SLURM_RESTART_COUNT=0, OUT=out)
+    out.mkdir()                           # made by the run before its first round
+    p = stand.run(name, STANDIN_MODE="stall", SLURM_RESTART_COUNT=0, OUT=out)
     assert p.returncode == 75, p.output
     assert stand.argv("scontrol") == ["requeue", "12345"]
     assert "rank 1 stalled in phase train of round 7" in p.output
+
+
+@pytest.mark.parametrize("code", [1, 137])
+@pytest.mark.parametrize("where", [".hpcfl-stalled", "checkpoints/.hpcfl-stalled", "replaced-1/.hpcfl-stalled",
+                                   "fedavg_seed-0/.hpcfl-stalled"])
+def test_a_stale_or_planted_note_never_turns_a_crash_into_a_requeue(stand, where, code):
+    """A note this launch did not write: an earlier attempt's (the right words, another token),
+    or one in a subfolder. The crash stays a crash, and a note at $OUT's top is removed."""
+    out = stand.dir / "out"
+    note = out / where
+    note.parent.mkdir(parents=True)
+    note.write_text("hpcfl-stalled attempt=12345.0.0.99.1 run=r1\nrank 1 stalled in phase train of round 7\n")
+    p = stand.run("requeue", STANDIN_EXIT=code, SLURM_RESTART_COUNT=0, OUT=out)
+    assert p.returncode == code, p.output
+    assert stand.argv("scontrol") is None and "stalled" not in p.output
+    assert note.exists() == (where != ".hpcfl-stalled")
+
+
+def test_a_note_that_is_a_link_is_neither_followed_nor_printed(stand):
+    out = stand.dir / "out"
+    out.mkdir()
+    secret = stand.dir / "secret"
+    secret.write_text("hpcfl-stalled attempt=x run=r\nTOP SECRET\n")
+    (out / ".hpcfl-stalled").symlink_to(secret)
+    p = stand.run("requeue", STANDIN_EXIT=137, SLURM_RESTART_COUNT=0, OUT=out)
+    assert p.returncode == 137 and "TOP SECRET" not in p.output
+    assert not (out / ".hpcfl-stalled").is_symlink() and secret.read_text().endswith("TOP SECRET\n")
+
+
+@pytest.mark.parametrize("name,value", [("HPCFL_LAUNCH_RETRIES", "abc"), ("HPCFL_LAUNCH_RETRIES", "2.5"),
+                                        ("HPCFL_LAUNCH_RETRIES", "-1"), ("HPCFL_LAUNCH_RETRIES", "101"),
+                                        ("MAX_REQUEUES", "five"), ("MAX_REQUEUES", "1e3")])
+def test_counts_that_are_not_whole_numbers_in_range_are_exit_2(stand, name, value):
+    p = stand.run("requeue", STANDIN_PMI_MISREAD=1000, SLURM_RESTART_COUNT=0, **{name: value})
+    assert p.returncode == 2, p.output
+    assert f"hpcfl: {name}={value} is not a whole number from 0 to" in p.output
+    assert stand.argv("srun") is None      # nothing was launched
 
 
 @pytest.mark.parametrize("name", TEMPLATES)

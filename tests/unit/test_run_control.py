@@ -81,7 +81,7 @@ def variables_in_code() -> set[str]:
     return found - SYSCONF
 
 
-SYSCONF = {"SC_CLK_TCK"}   # os.sysconf names, not variables
+SYSCONF = {"SC_CLK_TCK", "O_NOFOLLOW"}   # os.sysconf and os.open names, not variables
 
 
 def variables_in_guide() -> set[str]:

@@ -5,6 +5,7 @@ A fake clock drives it; ``tick`` is what the thread runs every second.
 
 from hpcfl import config
 from hpcfl.engine.watchdog import PAUSE_GAP_S, Limits, Watchdog
+from hpcfl.io.rundir import stall_header, stall_marker
 from hpcfl.parallel.exits import EXIT_RESUMABLE
 
 
@@ -124,10 +125,30 @@ def test_time_this_process_was_stopped_is_not_counted():
     assert over is not None and over[0] > 60.0
 
 
-def test_the_stall_note_is_left_for_a_batch_script(tmp_path):
-    w = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / ".hpcfl-stalled")
+def test_the_stall_note_is_left_for_a_batch_script(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCFL_ATTEMPT", "77.0.1.42.9")
+    w = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / ".hpcfl-stalled", header=stall_header("run5"))
     w.leave_marker("hpcfl watchdog: rank 1 stuck")
-    assert (tmp_path / ".hpcfl-stalled").read_text() == "hpcfl watchdog: rank 1 stuck\n"
+    assert (tmp_path / ".hpcfl-stalled").read_text() == \
+        "hpcfl-stalled attempt=77.0.1.42.9 run=run5\nhpcfl watchdog: rank 1 stuck\n"
+    w.leave_marker("hpcfl watchdog: rank 2 stuck")              # the next rank's: the first note stays whole
+    assert "rank 1 stuck" in (tmp_path / ".hpcfl-stalled").read_text()
     gone = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / "no" / "such" / "folder" / "x")
     gone.leave_marker("text")                                   # an unwritable place: ignored, no raise
     assert not (tmp_path / "no").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hpcfl-stalled"]   # no temporary file left
+
+
+def test_a_planted_link_at_the_note_is_never_written_through(tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    (tmp_path / ".hpcfl-stalled").symlink_to(target)
+    Watchdog(Comm(), Limits(), start=False, marker=tmp_path / ".hpcfl-stalled").leave_marker("stuck")
+    assert target.read_text() == "precious\n" and (tmp_path / ".hpcfl-stalled").is_symlink()
+
+
+def test_the_launcher_says_where_the_note_goes(tmp_path, monkeypatch):
+    monkeypatch.delenv("HPCFL_STALL_NOTE", raising=False)
+    assert stall_marker(tmp_path / "point") == tmp_path / "point" / ".hpcfl-stalled"
+    monkeypatch.setenv("HPCFL_STALL_NOTE", str(tmp_path / ".hpcfl-stalled"))
+    assert stall_marker(tmp_path / "point") == tmp_path / ".hpcfl-stalled"     # a sweep's point: $OUT's top
