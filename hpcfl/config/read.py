@@ -10,14 +10,22 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..inputs import open_regular
 
 
 def read_job(path: str | Path) -> dict:
+    """The tables of the TOML job file ``path``; a path that is missing, or not a regular file (a
+    FIFO, ``/dev/zero``, a folder: read without blocking, never in full), is a ConfigError saying which."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"job file {str(path)!r} not found; pass the path of a TOML job file (see jobs/)")
     try:
-        with path.open("rb") as f:
+        f = open_regular(path, "rb")
+    except FileNotFoundError:
+        raise ConfigError(f"job file {str(path)!r} not found; pass the path of a TOML job file (see jobs/)") from None
+    except OSError as exc:
+        raise ConfigError(f"job file {str(path)!r} cannot be read: {exc.strerror or exc}; pass the path of a TOML "
+                          f"job file (see jobs/)") from None
+    try:
+        with f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"job file {str(path)!r} is not valid TOML: {exc}") from None
