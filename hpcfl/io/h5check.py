@@ -34,6 +34,7 @@ import h5py
 import numpy as np
 
 from ..errors import HpcflError
+from ..parallel.exits import exit_handlers_unsafe
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 READ_ATTEMPTS = 28          # SWMR metadata read tries: ~0.3 s of back-off per failing read (HDF5: 100, hours)
@@ -266,6 +267,7 @@ def close_failed(f: h5py.File) -> None:
         FAILED_WRITE.append(os.path.dirname(f.filename) or ".")
     except (OSError, RuntimeError, ValueError, TypeError):
         FAILED_WRITE.append("an HDF5 file's folder")
+    exit_handlers_unsafe("an HDF5 write failed")   # HDF5's exit handler would retry it and crash
     try:
         fd = f.id.get_vfd_handle()
         null = os.open(os.devnull, os.O_RDWR)

@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ..errors import HpcflError
+from ..errors import HpcflError, WriteError
 from . import safefs
 
 MARKER = ".hpcfl-run"
@@ -52,7 +52,8 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def check_writable(path: Path, what: str, fix: str) -> None:
-    """Raise an input error unless ``path`` is, or can be made, a writable directory.
+    """Raise an input error unless ``path`` is, or can be made, a writable directory (a full
+    filesystem: :class:`~hpcfl.errors.WriteError`, exit 74, since the same command works once there is space).
 
     Nothing is created: the nearest existing ancestor must be a directory in which a
     file can be created (tried with a temporary file that is removed at once, because
@@ -75,9 +76,10 @@ def check_writable(path: Path, what: str, fix: str) -> None:
         os.unlink(probe)
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        if safefs.is_full(exc):
-            raise HpcflError(f"{what} {path} cannot be written: the filesystem of {base} is full ({reason}); free "
-                             f"space (or quota) there, or choose another directory") from None
+        if safefs.is_full(exc):   # not bad input: the same command works once there is space (exit 74)
+            raise WriteError(f"{what} {path} cannot be written: the filesystem of {base} is full ({reason}); free "
+                             f"space (or quota) there and run the same command again, or choose another "
+                             f"directory") from None
         raise HpcflError(f"{what} {path} cannot be written ({base}: {reason}); {fix}") from None
 
 
@@ -135,8 +137,7 @@ def _open_lock(out: Path):
         if exc.errno == errno.ELOOP:
             raise HpcflError(f"{path} is a symbolic link; hpcfl does not follow links in a run directory. Remove "
                              f"it (or choose another --out)") from None
-        raise HpcflError(f"cannot create the lock file {path} ({exc.strerror or exc}); choose a directory you "
-                         f"can write with --out") from None
+        raise _write_failed(path, exc) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         os.close(fd)
@@ -164,13 +165,33 @@ def _open_lock(out: Path):
     if not same:   # removed (or replaced) between open and flock: this lock guards nothing
         f.close()
         return None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
-    f.flush()
+    try:   # who holds it, for the message another run gets
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+        f.flush()
+    except OSError as exc:
+        try:
+            f.close()   # flushes the same bytes again and fails again, but closes the file all the same
+        except OSError:
+            pass
+        if created:   # the folder is ours, and so is the empty lock file in it
+            path.unlink(missing_ok=True)
+        _undo(created)
+        raise _write_failed(path, exc) from None
     _held.append(f)
     _created.extend(created)
     return f
+
+
+def _write_failed(path: Path, exc: OSError) -> HpcflError:
+    """The lock file could not be written: a full filesystem is exit 74 (free space, run again),
+    anything else a directory the user cannot write (exit 2)."""
+    if safefs.is_full(exc):
+        return WriteError(f"cannot write the lock file {path}: the filesystem is full ({exc.strerror or exc}); "
+                          f"free space (or quota) there and run the same command again, or choose another --out")
+    return HpcflError(f"cannot create the lock file {path} ({exc.strerror or exc}); choose a directory you can "
+                      f"write with --out")
 
 
 def _make_dirs(out: Path) -> list[Path]:

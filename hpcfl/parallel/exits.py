@@ -35,9 +35,22 @@ from .mpi import mpi_module
 # the seconds of freeing torch's memory that ``os._exit`` was there to save.
 
 
+_UNSAFE: list = []   # why C's exit handlers must not run in this process (see exit_handlers_unsafe)
+
+
+def exit_handlers_unsafe(why: str) -> None:
+    """From now on this process ends with ``os._exit``, skipping C's exit handlers: after an HDF5
+    write failed (a full disk), HDF5's own handler retries it and crashes the process (SIGSEGV).
+    A launcher may then take the exit for a crash (see above): the exit code still says 74."""
+    _UNSAFE.append(why)
+
+
 def _c_exit(code: int) -> None:
     """End the process through C's ``exit``: C's exit handlers run (MPICH's PMI finalize), Python's
-    teardown does not. ``os._exit`` where the C library cannot be reached."""
+    teardown does not. ``os._exit`` where the C library cannot be reached, or where its handlers
+    are unsafe (:func:`exit_handlers_unsafe`)."""
+    if _UNSAFE:
+        os._exit(code)
     try:
         import ctypes
 

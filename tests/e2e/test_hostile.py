@@ -248,6 +248,29 @@ def test_a_small_full_filesystem(tmp_path, finished):
         subprocess.run(["umount", "-l", str(mnt)])
 
 
+def test_a_run_on_a_filesystem_with_no_space_left_exits_74_not_2(tmp_path):
+    """Full to the last byte, the probe of --out fails before anything is read: that is a full disk
+    (74: free space, the same command works), not bad input (2: the templates would not requeue it
+    and the message would ask for another directory)."""
+    mnt = tmp_path / "mnt"
+    if not _tmpfs(mnt, "1m"):
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount rights in this container)")
+    try:
+        with open(mnt / "filler", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        p = hpcfl("run", job(tmp_path), "--out", str(mnt / "out"))
+        assert p.returncode == 74, (p.returncode, p.stderr)
+        assert "is full" in p.stderr and "run the same command again" in p.stderr and "Traceback" not in p.stderr
+        assert not (mnt / "out").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
 # ---- values no run can use --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("bad,words", [
