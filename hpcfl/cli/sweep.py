@@ -259,7 +259,7 @@ def write_point_job(sweep: Sweep, point: Point) -> Path:
 
 def agreed(comm, err: HpcflError | None) -> int:
     """Collective: 0 when no rank failed, else the first failed rank's exit code, its message printed once."""
-    from ..engine.job import agree
+    from ..engine.planning import agree
 
     try:
         agree(comm, err, "the sweep point's job file")

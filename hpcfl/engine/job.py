@@ -30,7 +30,6 @@ from pathlib import Path
 from .. import config, signals
 from ..errors import EXIT_INPUT, CallbackError, GuardStopped, HpcflError, RunError, RunStopped, WriteError
 from ..io import rundir
-from ..parallel.meet import Abort, meet
 from ..parallel.runtime import NondeterministicOp, versions
 from . import planning, resume, simulation
 from .control import RunControl, fault_notice, write_failed
@@ -42,38 +41,6 @@ def batching(flush_seconds: float) -> dict:
     """How rank 0 buffers rounds before writing them to results.h5 (``results.flush_seconds``; 0:
     every round): at most that many seconds, and a bounded number of client rows (about 40 MB)."""
     return {"batch_seconds": float(flush_seconds), "batch_rows": 1 << 18}
-
-
-def agree(comm, err: Exception | None, what: str) -> None:
-    """Collective: if any rank failed, every rank raises the first failed rank's error (that rank its
-    own, with its traceback; the others a copy), and the ``--out`` that planning locked is released
-    (and removed if planning created it): nothing was started. Every rank meets at ``what`` through
-    :func:`hpcfl.parallel.meet.meet`: a rank whose peers do not come ends them all within seconds."""
-    gathered = meet(comm, err, what, abort=Abort(undo=rundir.abandon))
-    first = next((r for r, e in enumerate(gathered) if e is not None), None)
-    if first is not None:
-        rundir.abandon()
-        raise err if comm.rank == first else gathered[first]
-
-
-def _locking(on: bool) -> None:
-    """HDF5 file locking for this run's results and checkpoints (``results.locking``)."""
-    from ..io import results as results_io
-    from ..io.checkpoint import configure_locking
-
-    configure_locking(on)
-    results_io.configure(locking=on)
-
-
-def _usable_hdf5() -> None:
-    """Refuse a run in a process where an HDF5 write failed: the library keeps objects it could not
-    close, and touching HDF5 again there can crash the process (docs/python.md, "After a WriteError")."""
-    from ..io.h5check import FAILED_WRITE
-
-    if FAILED_WRITE:
-        raise HpcflError(f"a write in {FAILED_WRITE[0]} failed earlier in this process (a full disk), and the HDF5 "
-                         f"library cannot be used safely in it any more; start a new process (in a notebook: "
-                         f"restart the kernel) once there is space, and run again to resume")
 
 
 class JobRun:
@@ -121,7 +88,7 @@ class JobRun:
                 self.control.close()   # another run may follow in this process: end this one's watchdog
             rundir.unlock()
             signals.end_startup()
-            _locking(True)
+            planning.set_locking(True)
 
     # ---- 1. plan -----------------------------------------------------------------------------
 
@@ -131,20 +98,20 @@ class JobRun:
         raised on every rank (exit 2); a stop signal meanwhile ends the run with nothing written."""
         comm, err = self.comm, None
         try:
-            _usable_hdf5()
+            planning.usable_hdf5()
             fault = fault_notice(os.environ.get("HPCFL_FAULT", ""))   # a test hook: checked before anything is made
             if fault and comm.rank == 0:
                 print(fault, file=sys.stderr, flush=True)
             self.cfg = cfg = config.load(self.job, self.overrides, files=True)
             self.out = Path(self.out_arg or Path("runs") / cfg.run.name)
-            _locking(cfg.results.locking)
+            planning.set_locking(cfg.results.locking)
             if comm.rank == 0:
                 self.planned = planning.plan_run(cfg, self.out, self.force)
         except HpcflError as exc:
             err = exc
         # Rank 0's refusal must reach every rank here, before set-up: set-up's own collectives
         # (placement, the per-node data) would otherwise wait for a rank 0 that waits here.
-        agree(comm, err, "the end of planning")
+        planning.agree(comm, err, "the end of planning")
         self._stopped()
         try:
             self.setup = simulation.prepare(self.cfg, comm)
@@ -152,7 +119,7 @@ class JobRun:
                 planning.settle(self.cfg, self.setup, self.planned)
         except HpcflError as exc:
             err = exc
-        agree(comm, err, "the end of set-up")
+        planning.agree(comm, err, "the end of set-up")
         self._stopped()
         signals.end_startup()
 
@@ -174,7 +141,7 @@ class JobRun:
                 self.store, self.aside = planning.commit(self.cfg, self.out, self.planned)
             except HpcflError as exc:
                 err = exc
-        agree(comm, err, "the end of the commit")
+        planning.agree(comm, err, "the end of the commit")
         loaded = self.planned.loaded if comm.rank == 0 else None
         self.mode, self.start, self.run_id = comm.bcast(
             (self.planned.mode, loaded.round if loaded else 0, self.planned.run_id) if comm.rank == 0 else None,
@@ -350,6 +317,10 @@ class JobRun:
             except HpcflError as exc:   # a full disk: results.h5 keeps every round, the checkpoints intact
                 err = exc
             self._close_results()
+            if self.writer.moved_from is not None:   # --out moved mid-run: the results went with it
+                self.out = self.writer.path.parent
+                print(f"hpcfl: note: {self.writer.moved_from.parent} was moved while the run wrote it; its "
+                      f"results.h5 was finished where it is now, in {self.out}", flush=True)
         failed = write_failed(comm, err)
         if failed:
             self._end("failed", failed)

@@ -1,5 +1,7 @@
 """Before a run starts: what rank 0 finds in ``--out`` (fresh, resume, done), which checkpoint to
-resume from, and, once every rank is ready, the changes to files that start it (docs/reliability.md).
+resume from, and, once every rank is ready, the changes to files that start it (docs/reliability.md);
+and start-up's agreement between ranks (:func:`agree`), HDF5 locking and a process whose HDF5 is no
+longer usable.
 
 :func:`plan_run` only reads; :func:`commit` is the first step that changes anything.
 """
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from ..errors import HpcflError
 from ..io import rundir
+from ..parallel.meet import Abort, meet
 
 
 @dataclass
@@ -153,3 +156,37 @@ def commit(cfg, out: Path, plan: Plan):
     except OSError as exc:
         raise HpcflError(f"cannot prepare {out} ({exc}); choose a directory you can write with --out") from None
     return store, aside
+
+
+# ---- start-up's helpers (hpcfl.engine.job.JobRun.plan and commit) ----------------------------
+
+def agree(comm, err: Exception | None, what: str) -> None:
+    """Collective: if any rank failed, every rank raises the first failed rank's error (that rank its
+    own, with its traceback; the others a copy), and the ``--out`` that planning locked is released
+    (and removed if planning created it): nothing was started. Every rank meets at ``what`` through
+    :func:`hpcfl.parallel.meet.meet`: a rank whose peers do not come ends them all within seconds."""
+    gathered = meet(comm, err, what, abort=Abort(undo=rundir.abandon))
+    first = next((r for r, e in enumerate(gathered) if e is not None), None)
+    if first is not None:
+        rundir.abandon()
+        raise err if comm.rank == first else gathered[first]
+
+
+def set_locking(on: bool) -> None:
+    """HDF5 file locking for this run's results and checkpoints (``results.locking``)."""
+    from ..io import results as results_io
+    from ..io.checkpoint import configure_locking
+
+    configure_locking(on)
+    results_io.configure(locking=on)
+
+
+def usable_hdf5() -> None:
+    """Refuse a run in a process where an HDF5 write failed: the library keeps objects it could not
+    close, and touching HDF5 again there can crash the process (docs/python.md, "After a WriteError")."""
+    from ..io.h5check import FAILED_WRITE
+
+    if FAILED_WRITE:
+        raise HpcflError(f"a write in {FAILED_WRITE[0]} failed earlier in this process (a full disk), and the HDF5 "
+                         f"library cannot be used safely in it any more; start a new process (in a notebook: "
+                         f"restart the kernel) once there is space, and run again to resume")

@@ -56,6 +56,7 @@ class ResultsWriter(FinalWrites):
         self.batch_seconds, self.batch_rows = batch_seconds, batch_rows
         self._pending, self._pending_rows, self._written_at = [], 0, time.monotonic()
         self._final = self.path.with_name(self.path.name + ".final")   # see _normal_mode
+        self.moved_from: Path | None = None   # the path before --out was moved mid-run (FinalWrites)
         self.metrics = {**METRICS, **(metric_fields or {})}
         self.client_fields = {**CLIENT_FIELDS, **(client_fields or {})}
         self.file = None

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import h5py
 import numpy as np
 
+from ..errors import WriteError
 from . import client_summary, h5check, safefs
 from .results_h5 import _FULL_FIX, _describe, _open, _with_margin
 
@@ -68,6 +70,7 @@ class FinalWrites:
         (plus ``extra`` bytes) free: checked first. A failed write (disk full) removes the
         copy and leaves results.h5 as it was, closed, with every round in it.
         """
+        self._follow_the_file()
         self.file.close()
         self.file = None
         need = _with_margin(os.path.getsize(self.path) + extra)
@@ -84,6 +87,27 @@ class FinalWrites:
         except BaseException:
             self._abandon(self._final)
             raise
+
+    def _follow_the_file(self) -> None:
+        """Point :attr:`path` at the file this writer holds open, wherever it is now.
+
+        ``--out`` may be moved (or replaced by another folder) while the run writes: the open
+        file moved with its folder, so the last writes go there, as checkpoints follow their
+        folder (docs/reliability.md); :attr:`moved_from` keeps the old path. A file deleted
+        meanwhile is a WriteError. Where the open file's path cannot be read (no /proc), the
+        path stays as it was.
+        """
+        try:
+            real = os.readlink(f"/proc/self/fd/{self.file.id.get_vfd_handle()}")
+        except (OSError, ValueError, RuntimeError, TypeError, AttributeError):
+            return
+        if real.endswith(" (deleted)"):
+            raise WriteError(f"{self.path} was deleted while the run was writing it: the rounds written there are "
+                             f"lost, and the checkpoints are not (pass --force to start over, or restore the file "
+                             f"and run the same command again)")
+        if os.path.realpath(self.path) != real:
+            self.moved_from, self.path = self.path, Path(real)
+            self._final = self.path.with_name(self.path.name + ".final")
 
     def _commit_normal_mode(self) -> None:
         self.file.flush()

@@ -35,8 +35,8 @@ class Abort:
     ``--out`` lock), then the message on stderr, then an MPI abort with ``code``. A class so that
     tests can see the decision without ending the test process."""
 
-    def __init__(self, undo=None):
-        self.undo = undo
+    def __init__(self, undo=None, pause: float = 1.0):
+        self.undo, self.pause = undo, pause
 
     def __call__(self, comm, message: str, code: int) -> None:
         try:
@@ -44,6 +44,9 @@ class Abort:
                 self.undo()
         finally:
             print(message, file=sys.stderr, flush=True)
+            # MPI_Abort tears mpiexec down at once: without a pause it may exit before it has
+            # passed this line on (the watchdog pauses the same way).
+            time.sleep(self.pause)
             comm.Abort(code)
 
 

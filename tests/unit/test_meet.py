@@ -108,5 +108,5 @@ def test_the_default_abort_releases_first_then_says_why_then_aborts(capsys):
         def Abort(self, code):
             order.append(("abort", code))
 
-    meet_mod.Abort(undo=lambda: order.append("undo"))(C(), "hpcfl: why", 2)
+    meet_mod.Abort(undo=lambda: order.append("undo"), pause=0.0)(C(), "hpcfl: why", 2)
     assert order == ["undo", ("abort", 2)] and "hpcfl: why" in capsys.readouterr().err
