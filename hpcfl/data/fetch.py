@@ -44,10 +44,9 @@ def url_of(remote: Remote, mirror: str | None) -> str:
 
 
 def size_text(remote: Remote) -> str:
-    if remote.size is None:
-        return remote.approx or "size not published"
-    big = remote.size >= 1e6
-    return f"{remote.size:,} bytes ({remote.size / (1e6 if big else 1e3):.1f} {'MB' if big else 'kB'})"
+    size = remote.size
+    scale, unit = (1e9, "GB") if size >= 1e9 else (1e6, "MB") if size >= 1e6 else (1e3, "kB")
+    return f"{size:,} bytes ({size / scale:.1f} {unit})"
 
 
 def checksum_text(remote: Remote) -> str:
@@ -72,7 +71,7 @@ def _digests(path: str, upto: int | None = None):
 def verify(path: str, remote: Remote) -> str | None:
     """None when ``path`` is the source's file, else what is wrong (size or checksum)."""
     size = os.path.getsize(path)
-    if remote.size is not None and size != remote.size:
+    if size != remote.size:
         return f"{size:,} bytes where the source's file has {remote.size:,}"
     md5, sha = _digests(path)
     for name, want, got in (("sha256", remote.sha256, sha), ("md5", remote.md5, md5)):

@@ -232,11 +232,19 @@ def test_registry_facts_are_well_formed():
     for name, src in sources.SOURCES.items():
         assert name in data.DATASETS and name in sources.STAND_INS
         for r in src.files:
-            assert r.url.endswith("/" + r.name) and r.url.startswith(("https://", "http://"))
+            # https only: over plain http anyone on the path could swap the file (the checksum would
+            # refuse it, after the whole download) or stall it
+            assert r.url.endswith("/" + r.name) and r.url.startswith("https://"), r.url
             assert r.md5 is None or re.fullmatch(r"[0-9a-f]{32}", r.md5)
             assert r.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", r.sha256)
             assert r.md5 or r.sha256
-            assert r.size is not None or r.approx
+            assert isinstance(r.size, int) and r.size > 0   # the bound a download stops at
+    speech = sources.SOURCES["speech_commands"].files[0]
+    assert speech.url == "https://storage.googleapis.com/download.tensorflow.org/data/speech_commands_v0.02.tar.gz"
+    assert speech.size == 2428923189 and speech.sha256.startswith("af14739e")   # the published facts, kept
+    fashion = sources.SOURCES["fashion_mnist"].files[0]
+    assert fashion.url.startswith("https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/")
+    assert (fashion.size, fashion.md5) == (26421880, "8d4fb7e6c68d591d4c3dfef9ec88bf0d")
 
 
 def test_unknown_or_generated_names(tmp_path, capsys):
