@@ -19,6 +19,11 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a folder"), (s
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def kind(mode: int) -> str:
+    """What a file that is not regular is, in words, from its ``st_mode``: ``a FIFO (named pipe)``."""
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
 def open_regular(path, mode: str = "rb", encoding: str | None = None, newline: str | None = None):
     """``path`` opened for reading, like ``open(path, mode)``, provided it is a regular file.
 
@@ -34,8 +39,7 @@ def open_regular(path, mode: str = "rb", encoding: str | None = None, newline: s
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
-            raise OSError(errno.EINVAL, f"not a regular file but {kind}", str(path))
+            raise OSError(errno.EINVAL, f"not a regular file but {kind(st.st_mode)}", str(path))
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         if mode == "rb":
             return os.fdopen(fd, mode)

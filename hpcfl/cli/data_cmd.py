@@ -3,7 +3,9 @@
 ``list`` prints every dataset: what it needs, its official source, size and checksum, or
 "generated, no download" with nothing to fetch. ``get NAME --root DIR`` downloads, verifies
 and unpacks it (:mod:`hpcfl.data.fetch`) and prints the ``data.root`` line for the job.
-Exit 0 done, 2 for anything the user must act on (unknown name, no network, a wrong file).
+Exit 0 done, 2 for anything the user must act on (unknown name, no network, a wrong file, a
+planted link), 75 when Ctrl-C stopped a download (one line says what was kept; the same command
+resumes it), as a stopped ``hpcfl run`` or ``hpcfl sweep``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import sys
 
 from ..errors import HpcflError, nearest
-from ..parallel.exits import EXIT_INPUT
+from ..parallel.exits import EXIT_INPUT, EXIT_RESUMABLE
 
 
 def add_parser(sub) -> None:
@@ -73,9 +75,13 @@ def main(args, comm) -> int:
     mirror = args.mirror or os.environ.get(MIRROR_ENV) or None
     try:
         root = get(args.name, src, args.root, mirror, say=lambda s: print(s, flush=True))
-    except HpcflError as exc:
+    except HpcflError as exc:   # Interrupted (Ctrl-C) among them, with its own exit code
         print(f"hpcfl data get: {exc}", file=sys.stderr)
-        return EXIT_INPUT
+        return exc.exit_code
+    except KeyboardInterrupt:   # outside a file's download (before or after): still one line, no traceback
+        print("hpcfl data get: interrupted; nothing more was placed where a run reads: run the same command "
+              "again", file=sys.stderr)
+        return EXIT_RESUMABLE
     print(f"{args.name} is ready. In the job:\n  [data]\n  dataset = \"{args.name}\"\n  root = \"{root}\"\n"
           f"or: --set data.dataset={args.name} --set data.root={root}")
     return 0

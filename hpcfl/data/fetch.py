@@ -2,40 +2,48 @@
 
 For each file of a :class:`~hpcfl.data.sources.Source`:
 
-1. **Download** into ``<root>/.hpcfl_download/<file>.part`` with :mod:`urllib`. A ``.part``
-   left by an interrupted download is resumed with an HTTP ``Range`` request; a server that
-   answers the whole file instead (200) starts it over.
-2. **Verify** size and checksum (md5 and/or sha256, as the source publishes). A wrong file is
-   moved aside to ``<file>.rejected`` (never where a run reads) and :class:`DataError` says so.
+1. **Download** into ``<root>/.hpcfl_download/<file>.part`` (:mod:`hpcfl.data.transfer`): a
+   ``.part`` left by an interrupted download is resumed with an HTTP ``Range`` request; the
+   transfer stops at the published size and gives up on a stalled or crawling server. The folder
+   must be this user's alone, and a ``.part`` a regular file (:mod:`hpcfl.data.scratch`).
+2. **Verify** size and checksum (md5 and/or sha256, as the source publishes). A ``.part`` that
+   already has the published size (finished, or copied in by hand) is verified before any network
+   access. A wrong file is moved aside to ``<file>.rejected`` (never where a run reads) and
+   :class:`DataError` says so.
 3. **Place** it: a plain file is renamed into ``<root>/<folder>/`` (one atomic rename); an
    archive is unpacked into a scratch folder inside ``root`` and the finished folder renamed
    into place, so a run never sees half a dataset. Members that are links, devices, absolute
    paths or climb out with ``..`` refuse the whole archive.
 
+Ctrl-C ends it with :class:`Interrupted` (exit 75, run again to resume), the ``.part`` kept.
 Nothing here imports above the data layer; the command line is :mod:`hpcfl.cli.data_cmd`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import shutil
 import stat
 import tarfile
 import tempfile
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Callable
 
-from ..errors import DataError
+from ..errors import EXIT_RESUMABLE, DataError
+from ..inputs import open_regular
+from .scratch import SCRATCH, Scratch
 from .sources import Remote, Source
+from .transfer import MIRROR_ENV, Limits, download, urlopen
 
-MIRROR_ENV = "HPCFL_DATA_MIRROR"
-SCRATCH = ".hpcfl_download"
+__all__ = ["MIRROR_ENV", "SCRATCH", "Interrupted", "get", "unpack", "verify"]
 _BLOCK = 1 << 20
-_TIMEOUT = 60.0
+
+
+class Interrupted(DataError):
+    """Ctrl-C stopped ``hpcfl data get``; what was downloaded is kept, and the same command resumes."""
+
+    exit_code = EXIT_RESUMABLE
 
 
 def url_of(remote: Remote, mirror: str | None) -> str:
@@ -44,92 +52,43 @@ def url_of(remote: Remote, mirror: str | None) -> str:
 
 
 def size_text(remote: Remote) -> str:
-    if remote.size is None:
-        return remote.approx or "size not published"
-    big = remote.size >= 1e6
-    return f"{remote.size:,} bytes ({remote.size / (1e6 if big else 1e3):.1f} {'MB' if big else 'kB'})"
+    size = remote.size
+    scale, unit = (1e9, "GB") if size >= 1e9 else (1e6, "MB") if size >= 1e6 else (1e3, "kB")
+    return f"{size:,} bytes ({size / scale:.1f} {unit})"
 
 
 def checksum_text(remote: Remote) -> str:
     return ", ".join(f"{k} {v}" for k, v in (("sha256", remote.sha256), ("md5", remote.md5)) if v)
 
 
-def _digests(path: str, upto: int | None = None):
+def _digests(f):
+    """md5 and sha256 of the open binary file ``f``, read from where it is to its end."""
     md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
-    with open(path, "rb") as f:
-        left = upto
-        while left is None or left > 0:
-            block = f.read(_BLOCK if left is None else min(_BLOCK, left))
-            if not block:
-                break
-            md5.update(block)
-            sha.update(block)
-            if left is not None:
-                left -= len(block)
+    while block := f.read(_BLOCK):
+        md5.update(block)
+        sha.update(block)
     return md5, sha
 
 
-def verify(path: str, remote: Remote) -> str | None:
-    """None when ``path`` is the source's file, else what is wrong (size or checksum)."""
-    size = os.path.getsize(path)
-    if remote.size is not None and size != remote.size:
+def verify_file(f, remote: Remote) -> str | None:
+    """None when the open file ``f`` is the source's file, else what is wrong (size or checksum)."""
+    size = os.fstat(f.fileno()).st_size
+    if size != remote.size:
         return f"{size:,} bytes where the source's file has {remote.size:,}"
-    md5, sha = _digests(path)
+    md5, sha = _digests(f)
     for name, want, got in (("sha256", remote.sha256, sha), ("md5", remote.md5, md5)):
         if want and got.hexdigest() != want.lower():
             return f"{name} {got.hexdigest()} where the source's file has {want}"
     return None
 
 
-def download(url: str, part: str, say: Callable[[str], None], opener=urllib.request.urlopen) -> None:
-    """Fetch ``url`` into ``part``, resuming from what ``part`` already holds.
-
-    Raises DataError on an HTTP error or a connection that breaks off; the ``.part`` is kept
-    so that running the same command again resumes it.
-    """
-    have = os.path.getsize(part) if os.path.exists(part) else 0
-    req = urllib.request.Request(url, headers={"User-Agent": "hpcfl-data-get"})
-    if have:
-        req.add_header("Range", f"bytes={have}-")
+def verify(path: str, remote: Remote) -> str | None:
+    """:func:`verify_file` of the regular file at ``path`` (a FIFO there is refused, never waited on)."""
     try:
-        resp = opener(req, timeout=_TIMEOUT)
-    except urllib.error.HTTPError as e:
-        if e.code == 416 and have:   # the .part already holds the whole file
-            return
-        raise DataError(f"{url}: HTTP {e.code} {e.reason}; check the address (hpcfl data list) or the "
-                        f"mirror (${MIRROR_ENV}, --mirror)") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise DataError(f"cannot reach {url} ({reason}); this machine may have no internet: download the "
-                        f"file elsewhere and copy it to {part} (then run the same command), or set "
-                        f"${MIRROR_ENV} to a mirror") from None
-    with resp:
-        resumed = have and getattr(resp, "status", 200) == 206
-        if have and not resumed:
-            say(f"  the server does not resume downloads: starting {os.path.basename(part)} over")
-        elif resumed:
-            say(f"  resuming after {have:,} bytes")
-        got = have if resumed else 0
-        length = resp.headers.get("Content-Length")
-        total = got + int(length) if length is not None else None
-        tenth = got * 10 // total if total else 0
-        try:
-            with open(part, "ab" if resumed else "wb") as f:
-                while True:
-                    block = resp.read(_BLOCK)
-                    if not block:
-                        break
-                    f.write(block)
-                    got += len(block)
-                    if total and got * 10 // total > tenth and got < total:   # a line per tenth: minutes on 2 GB
-                        tenth = got * 10 // total
-                        say(f"  {10 * tenth}% ({got / 1e6:,.0f} of {total / 1e6:,.0f} MB)")
-        except (OSError, http.client.HTTPException) as e:   # a reset, a timeout, IncompleteRead
-            raise DataError(f"the download of {url} broke off after {got:,} bytes ({type(e).__name__}); "
-                            "run the same command again to resume it") from None
-        if total is not None and got < total:
-            raise DataError(f"the download of {url} broke off after {got:,} bytes; run the same command again "
-                            "to resume it")
+        with open_regular(path) as f:
+            return verify_file(f, remote)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
 
 
 # ------------------------------------------------------------------------ unpacking
@@ -156,9 +115,9 @@ def _write_members(members, into: str, path: str) -> None:
             shutil.copyfileobj(src, out, _BLOCK)
 
 
-def _unpack_tar(path: str, into: str) -> None:
+def _unpack_tar(path: str, into: str, fileobj=None) -> None:
     try:
-        with tarfile.open(path, "r:*") as tf:
+        with tarfile.open(None if fileobj else path, "r:*", fileobj=fileobj) as tf:
             members = tf.getmembers()
             for m in members:
                 _safe_name(m.name, path)
@@ -171,9 +130,9 @@ def _unpack_tar(path: str, into: str) -> None:
         raise DataError(f"{path} is not a readable tar archive ({type(e).__name__}: {e})") from None
 
 
-def _unpack_zip(path: str, into: str) -> None:
+def _unpack_zip(path: str, into: str, fileobj=None) -> None:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(fileobj or path) as zf:
             infos = zf.infolist()
             for info in infos:
                 _safe_name(info.filename, path)
@@ -186,15 +145,16 @@ def _unpack_zip(path: str, into: str) -> None:
         raise DataError(f"{path} is not a readable zip archive ({type(e).__name__}: {e})") from None
 
 
-def unpack(path: str, kind: str, root: str, folder: str) -> None:
+def unpack(path: str, kind: str, root: str, folder: str, fileobj=None) -> None:
     """Unpack archive ``path`` so that its files end up in ``root/folder``, all or nothing.
 
     Members are checked before anything is written (no link, device, absolute path or
     ``..``); the files go to a scratch folder inside ``root`` that is renamed into place.
+    ``fileobj``: the archive, already open (``path`` then only names it in messages).
     """
     scratch = tempfile.mkdtemp(prefix=".hpcfl_unpack_", dir=root)
     try:
-        (_unpack_tar if kind == "tar" else _unpack_zip)(path, scratch)
+        (_unpack_tar if kind == "tar" else _unpack_zip)(path, scratch, fileobj)
         top = os.listdir(scratch)
         made = os.path.join(scratch, folder) if top == [folder] else scratch
         if made == scratch:
@@ -208,56 +168,97 @@ def unpack(path: str, kind: str, root: str, folder: str) -> None:
 
 
 def get(name: str, source: Source, root: str, mirror: str | None = None,
-        say: Callable[[str], None] = print, opener=urllib.request.urlopen) -> str:
+        say: Callable[[str], None] = print, opener=urlopen, limits: Limits | None = None) -> str:
     """Download, verify and place dataset ``name`` under ``root``; returns ``root`` (absolute).
 
-    Raises DataError for anything the user must act on (no network, a wrong file, a folder
-    in the way); a wrong file is moved to ``<root>/.hpcfl_download/<file>.rejected``.
+    ``limits``: when a slow download is given up (default: :meth:`Limits.from_env`).
+
+    Raises
+    ------
+    DataError
+        For anything the user must act on (no network, a wrong file, a folder in the way, a
+        planted link); a wrong file is moved to ``<root>/.hpcfl_download/<file>.rejected``.
+    Interrupted
+        On Ctrl-C (KeyboardInterrupt), with what was kept and how to resume.
     """
     root = os.path.abspath(root)
     dest = os.path.join(root, source.folder)
-    archives = [r for r in source.files if r.unpack]
-    if archives and os.path.exists(dest):
+    if any(r.unpack for r in source.files) and os.path.exists(dest):
         say(f"{dest} already exists: left as it is (delete it to download {name} again)")
         return root
+    limits = limits or Limits.from_env()
+    scratch = Scratch(root)
+    remote = None
     try:
-        os.makedirs(os.path.join(root, SCRATCH), exist_ok=True)
-    except OSError as e:
-        raise DataError(f"--root {root} cannot be written ({e.strerror or e}); choose a writable folder") from None
-    for remote in source.files:
-        final = os.path.join(dest, remote.name)
-        if not remote.unpack and os.path.exists(final):
-            problem = verify(final, remote)
-            if problem:
-                raise DataError(f"{final} exists but is not the source's file ({problem}); delete it and run "
-                                "the same command again")
-            say(f"{final}: present and verified")
-            continue
-        part = os.path.join(root, SCRATCH, remote.name + ".part")
-        url = url_of(remote, mirror)
-        complete = os.path.exists(part) and verify(part, remote) is None   # finished, or copied in by hand
-        if complete:
-            say(f"{name}: {part} is complete")
-        else:
-            say(f"{name}: {url} ({size_text(remote)})")
-            download(url, part, say, opener)
-        problem = None if complete else verify(part, remote)   # a complete .part was hashed just now
-        if problem:
-            rejected = os.path.join(root, SCRATCH, remote.name + ".rejected")
-            os.replace(part, rejected)
-            raise DataError(f"{url} is not the file {name} needs: {problem}. Nothing was placed where a run "
-                            f"reads; the download was moved to {rejected} (delete it). Run the same command "
-                            "again; if it repeats, the server or mirror serves another file")
-        say(f"  verified ({checksum_text(remote).split(' ')[0]} matches)")
-        if remote.unpack:
-            unpack(part, remote.unpack, root, source.folder)
-            os.remove(part)
-            say(f"  unpacked into {dest}")
-        else:
-            os.makedirs(dest, exist_ok=True)
-            os.replace(part, final)
-    try:
-        os.rmdir(os.path.join(root, SCRATCH))
-    except OSError:
-        pass  # holds a rejected file or another dataset's .part: keep it
+        for remote in source.files:
+            _get_file(name, source, remote, scratch, root, url_of(remote, mirror), say, opener, limits)
+    except KeyboardInterrupt:
+        raise Interrupted(_kept(scratch, remote)) from None
+    finally:
+        scratch.close(tidy=True)   # kept where it holds a rejected file or another file's .part
     return root
+
+
+def _get_file(name: str, source: Source, remote: Remote, scratch: Scratch, root: str, url: str,
+              say: Callable[[str], None], opener, limits: Limits) -> None:
+    """Download (unless present), verify and place one file of ``source``."""
+    final = os.path.join(root, source.folder, remote.name)
+    if not remote.unpack and os.path.exists(final):
+        problem = verify(final, remote)
+        if problem:
+            raise DataError(f"{final} exists but is not the source's file ({problem}); delete it and run "
+                            "the same command again")
+        say(f"{final}: present and verified")
+        return
+    part = remote.name + ".part"
+    have = scratch.size(part)
+    if have is not None and have >= remote.size:   # finished, or copied in by hand: judged offline
+        _verified(scratch, part, remote, f"{scratch.path(part)} is complete but is not the source's file", "")
+        say(f"{name}: {scratch.path(part)} is complete")
+    else:
+        say(f"{name}: {url} ({size_text(remote)})")
+        download(url, scratch, part, remote.size, say, opener, limits)
+        _verified(scratch, part, remote, f"{url} is not the file {name} needs",
+                  "; if it repeats, the server or mirror serves another file")
+    say(f"  verified ({checksum_text(remote).split(' ')[0]} matches)")
+    if remote.unpack:
+        with scratch.file(part) as f:
+            unpack(scratch.path(part), remote.unpack, root, source.folder, fileobj=f)
+        scratch.remove(part)
+        say(f"  unpacked into {os.path.join(root, source.folder)}")
+    else:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        scratch.move_out(part, final)
+
+
+def _verified(scratch: Scratch, part: str, remote: Remote, what: str, then: str) -> None:
+    """Check ``part`` against the source's size and checksum; a wrong one is moved to ``.rejected``
+    and DataError says ``what``, the problem, where the file went, and ``then``."""
+    with scratch.file(part) as f:
+        problem = verify_file(f, remote)
+    if problem:
+        rejected = remote.name + ".rejected"
+        scratch.rename(part, rejected)
+        raise DataError(f"{what}: {problem}. Nothing was placed where a run reads; it was moved to "
+                        f"{scratch.path(rejected)} (delete it). Run the same command again to download the file{then}")
+
+
+def _kept(scratch: Scratch, remote: Remote | None) -> str:
+    """What Ctrl-C left: the ``.part`` of the file in progress, kept only as a valid prefix."""
+    if remote is None:
+        return "interrupted before any download; run the same command again"
+    part = remote.name + ".part"
+    try:
+        have = scratch.size(part)
+    except DataError:
+        have = None
+    if have is None:   # before its download began, or once it was placed
+        return ("interrupted; what is already in place was verified, nothing half written was placed: run the "
+                "same command again to finish")
+    if have > remote.size:   # not a prefix of the source's file: resuming it would be pointless
+        scratch.remove(part)
+        return f"interrupted; the download of {remote.name} was removed: run the same command again"
+    if have == remote.size:
+        return f"interrupted: {scratch.path(part)} is complete and kept; run the same command again to finish"
+    return (f"interrupted: the {have:,} bytes of {remote.name} downloaded so far are kept in {scratch.path(part)}; "
+            "run the same command again to resume")

@@ -2,8 +2,10 @@
 
 One :class:`Source` per dataset that reads files. The facts are the publishers' own: the
 URL of the official download, the size in bytes and the checksum the source (or the
-widely used loaders that cite it, torchvision and torchaudio) gives: the source's md5 where
-that is what is published, sha256 where one is known. ``hpcfl data get`` (:mod:`hpcfl.data.fetch`)
+widely used loaders that cite it, torchvision, torchaudio and TensorFlow Datasets) gives: the
+source's md5 where that is what is published, sha256 where one is known. Every URL is
+``https://`` (the publisher's own copy over https where its first address is plain http), and
+every file has its size: a download stops there (:mod:`hpcfl.data.transfer`). ``hpcfl data get`` (:mod:`hpcfl.data.fetch`)
 downloads, verifies and unpacks them so that ``data.root = DIR`` finds them.
 
 ``HPCFL_DATA_MIRROR`` (or ``hpcfl data get --mirror URL``) replaces the folder part of every URL:
@@ -23,19 +25,17 @@ from dataclasses import dataclass
 class Remote:
     """One file at the source.
 
-    ``size`` in bytes (None: not published; ``approx`` then gives the order of magnitude in
-    words); ``md5`` / ``sha256``: hex digests (at least one); ``unpack``: ``"tar"`` or ``"zip"``
-    for an archive unpacked into the dataset's folder, None for a file kept as it is (MNIST's
-    gzipped IDX files are read as they are).
+    ``size`` in bytes, as published (a download reads no further); ``md5`` / ``sha256``: hex
+    digests (at least one); ``unpack``: ``"tar"`` or ``"zip"`` for an archive unpacked into the
+    dataset's folder, None for a file kept as it is (MNIST's gzipped IDX files are read as they are).
     """
 
     name: str
     url: str
-    size: int | None
+    size: int
     md5: str | None = None
     sha256: str | None = None
     unpack: str | None = None
-    approx: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,12 @@ class Source:
 
 _KRIZ = "https://www.cs.toronto.edu/~kriz/"
 _MNIST = "https://ossci-datasets.s3.amazonaws.com/mnist/"     # torchvision's mirror of yann.lecun.com/exdb/mnist
-_FASHION = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+# Zalando's S3 website (http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/) is plain http
+# only; the same files are in the dataset's own repository, served over https
+_FASHION = "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"
 _EMNIST = "https://biometrics.nist.gov/cs_links/EMNIST/"
-_SPEECH = "http://download.tensorflow.org/data/"
+# http://download.tensorflow.org/data/ is a Google Cloud Storage bucket of that name: the same object over https
+_SPEECH = "https://storage.googleapis.com/download.tensorflow.org/data/"
 
 
 def _idx(base: str, sizes_md5: tuple[tuple[str, int, str], ...]) -> tuple[Remote, ...]:
@@ -92,15 +95,16 @@ SOURCES: dict[str, Source] = {
         "gzipped IDX files of every split, emnist-<split>-{train,test}-{images-idx3,labels-idx1}-ubyte.gz, "
         "in gzip/",
         "https://www.nist.gov/itl/products-and-services/emnist-dataset", "gzip",
-        (Remote("gzip.zip", _EMNIST + "gzip.zip", None, md5="58c8d27c78d21e728a6bc7b3cc06412e", unpack="zip",
-                approx="about 540 MB"),)),
+        # the size as TensorFlow Datasets' checksums list it (NIST publishes none)
+        (Remote("gzip.zip", _EMNIST + "gzip.zip", 561753746, md5="58c8d27c78d21e728a6bc7b3cc06412e",
+                unpack="zip"),)),
     "speech_commands": Source(
         "Speech Commands v0.02: one folder of 16 kHz WAV clips per word, validation_list.txt, testing_list.txt",
         "https://www.tensorflow.org/datasets/catalog/speech_commands", "speech_commands_v0.02",
-        (Remote("speech_commands_v0.02.tar.gz", _SPEECH + "speech_commands_v0.02.tar.gz", None,
+        # the size as TensorFlow Datasets' checksums list it, beside the same sha256
+        (Remote("speech_commands_v0.02.tar.gz", _SPEECH + "speech_commands_v0.02.tar.gz", 2428923189,
                 md5="6b74f3901214cb2c2934e98196829835",
-                sha256="af14739ee7dc311471de98f5f9d2c9191b18aedfe957f4a6ff791c709868ff58", unpack="tar",
-                approx="about 2.3 GB"),)),
+                sha256="af14739ee7dc311471de98f5f9d2c9191b18aedfe957f4a6ff791c709868ff58", unpack="tar"),)),
 }
 
 # The generated dataset a paper job can run on a CPU in minutes in place of the real one, and

@@ -30,10 +30,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Mirror:
-    """Files by name over HTTP; ``cut[name] = n`` sends the full length but only n bytes, once."""
+    """Files by name over HTTP; ``cut[name] = n`` sends the full length but only n bytes, once.
+
+    ``hostile[name]`` serves it as a hostile or broken server would (:meth:`serve_hostile`): ``"longer"``
+    (100 bytes more than the file, announced), ``"endless"`` (the file, then bytes without end and
+    without a length), ``"stall"`` (half the file, then nothing), ``("drip", n, seconds)`` (n bytes
+    every so many seconds).
+    """
 
     def __init__(self, files: dict[str, bytes]):
-        self.files, self.cut, self.log = dict(files), {}, []
+        self.files, self.cut, self.log, self.hostile = dict(files), {}, [], {}
+        self.done = threading.Event()   # set on exit: a stalled or dripping answer ends
         mirror = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +55,9 @@ class Mirror:
                     self.send_error(404)
                     return
                 blob = mirror.files[name]
+                if name in mirror.hostile:
+                    mirror.serve_hostile(self, blob, mirror.hostile[name])
+                    return
                 start = int(re.fullmatch(r"bytes=(\d+)-", rng).group(1)) if rng else 0
                 if start >= len(blob) and rng:
                     self.send_error(416)
@@ -66,11 +76,41 @@ class Mirror:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mirror"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def serve_hostile(self, handler, blob: bytes, how) -> None:
+        handler.send_response(200)
+        if how == "longer":
+            handler.send_header("Content-Length", str(len(blob) + 100))
+        elif how != "endless":
+            handler.send_header("Content-Length", str(len(blob)))
+        handler.end_headers()
+        handler.close_connection = True
+        try:
+            if how == "longer":
+                handler.wfile.write(blob + b"x" * 100)
+            elif how == "endless":   # 16 MB of it, so that a client that reads on still ends
+                handler.wfile.write(blob)
+                for _ in range(256):
+                    handler.wfile.write(b"\0" * 65536)
+            elif how == "stall":
+                handler.wfile.write(blob[:len(blob) // 2])
+                handler.wfile.flush()
+                self.done.wait(60)
+            else:
+                _, n, every = how
+                for i in range(0, len(blob), n):
+                    handler.wfile.write(blob[i:i + n])
+                    handler.wfile.flush()
+                    if self.done.wait(every):
+                        return
+        except OSError:   # the client hung up: what a client that stops in time does
+            pass
+
     def __enter__(self):
         self.thread.start()
         return self
 
     def __exit__(self, *exc):
+        self.done.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -232,11 +272,19 @@ def test_registry_facts_are_well_formed():
     for name, src in sources.SOURCES.items():
         assert name in data.DATASETS and name in sources.STAND_INS
         for r in src.files:
-            assert r.url.endswith("/" + r.name) and r.url.startswith(("https://", "http://"))
+            # https only: over plain http anyone on the path could swap the file (the checksum would
+            # refuse it, after the whole download) or stall it
+            assert r.url.endswith("/" + r.name) and r.url.startswith("https://"), r.url
             assert r.md5 is None or re.fullmatch(r"[0-9a-f]{32}", r.md5)
             assert r.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", r.sha256)
             assert r.md5 or r.sha256
-            assert r.size is not None or r.approx
+            assert isinstance(r.size, int) and r.size > 0   # the bound a download stops at
+    speech = sources.SOURCES["speech_commands"].files[0]
+    assert speech.url == "https://storage.googleapis.com/download.tensorflow.org/data/speech_commands_v0.02.tar.gz"
+    assert speech.size == 2428923189 and speech.sha256.startswith("af14739e")   # the published facts, kept
+    fashion = sources.SOURCES["fashion_mnist"].files[0]
+    assert fashion.url.startswith("https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/")
+    assert (fashion.size, fashion.md5) == (26421880, "8d4fb7e6c68d591d4c3dfef9ec88bf0d")
 
 
 def test_unknown_or_generated_names(tmp_path, capsys):
