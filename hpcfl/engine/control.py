@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from ..errors import EXIT_INPUT, CallbackError, HpcflError, RunError, WriteError
 from ..io import rundir
 from ..io.h5check import BadFile
 from ..signals import stop_requested
-from .watchdog import Limits, Watchdog
+from .watchdog import Limits, Watchdog, remembered_rounds
 
 
 # RunControl.phase's names, and "setup": start-up's set-up, before the placement's collectives (round 0)
@@ -124,8 +125,17 @@ class RunControl:
     def __init__(self, comm, guard, watchdog: Limits | float, checkpoint_minutes: float = 0.0,
                  resumed_from: int = 0, out=None, run_id: str = ""):
         self.comm, self.guard = comm, guard
+        memory = None if out is None else Path(out) / rundir.WATCHDOG_ROUNDS
+        # A resumed run remembers the rounds a watchdog ended before (a fresh one starts afresh).
+        before = remembered_rounds(memory) if memory is not None and resumed_from else set()
+        before = {r for r in before if r >= resumed_from}
         self.watchdog = Watchdog(comm, watchdog, marker=None if out is None else rundir.stall_marker(out),
-                                 header=rundir.stall_header(run_id))
+                                 header=rundir.stall_header(run_id), memory=memory, remembered=before)
+        if before and comm.rank == 0 and self.watchdog.limits.fixed is None:   # a fixed timeout_s is the user's
+            startup = self.watchdog.limits.startup_s
+            print(f"hpcfl: note: the watchdog ended round(s) {', '.join(str(r + 1) for r in sorted(before))} in an "
+                  f"earlier attempt; each gets watchdog.startup_s = {startup:g} s in every phase this time",
+                  flush=True)
         self.watchdog.resumed_from = resumed_from
         self.faults = FaultInjector(comm.rank)
         self.interval = 60.0 * checkpoint_minutes

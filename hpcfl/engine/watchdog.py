@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import HpcflError
 from ..io import safefs
 from ..parallel.exits import EXIT_RESUMABLE
 
@@ -85,11 +86,18 @@ class Watchdog:
         Where to leave the message before aborting (:func:`hpcfl.io.rundir.stall_marker`).
     header : str
         The note's first line (:func:`hpcfl.io.rundir.stall_header`: the launch and the run).
+    memory : Path, optional
+        Where the rounds this watchdog ended are remembered across attempts (in the run folder,
+        :func:`remembered_rounds`): on the next attempt, each of them gets ``startup_s`` in every
+        phase, so that a round that is only slow is not ended on every requeue.
+    remembered : set of int
+        Rounds (counted from 0) a watchdog ended in an earlier attempt of this run.
     """
 
     def __init__(self, comm, limits, clock=time.monotonic, start: bool = True, marker: Path | None = None,
-                 header: str = "hpcfl-stalled"):
+                 header: str = "hpcfl-stalled", memory: Path | None = None, remembered=frozenset()):
         self.comm, self.marker, self.header = comm, marker, header
+        self.memory, self.remembered = memory, frozenset(remembered)
         self.limits = limits if isinstance(limits, Limits) else Limits(fixed=float(limits))
         self.clock = clock
         self.paused = 0.0               # seconds this process did not run (not counted)
@@ -131,7 +139,7 @@ class Watchdog:
             return lim.fixed
         before = self.since - self.round_start   # this rank's own share of the round so far
         out = max(lim.floor_s, lim.factor * max(self.slowest or 0.0, before))
-        if self.slowest is None or self.kind not in self.finished:
+        if self.slowest is None or self.kind not in self.finished or self.where[1] in self.remembered:
             out = max(out, lim.startup_s)
         return out
 
@@ -167,6 +175,9 @@ class Watchdog:
         done = self.last_checkpoint if self.last_checkpoint is not None else self.resumed_from
         resume = (f"the checkpoint after round {done}" if done else
                   "round 1 (this run has written no checkpoint yet)")
+        if rnd in self.remembered:
+            why += (f"; the watchdog ended round {rnd + 1} in an earlier attempt too, so it had watchdog.startup_s in "
+                    f"every phase this time")
         return (f"hpcfl watchdog: rank {self.comm.rank} stuck in phase '{phase}' of round {rnd + 1} for {held:.0f} s "
                 f"(limit {limit:.0f} s, {why}). A rank that does not print this line is frozen, lost with its node, "
                 f"or stuck in its own work. Ending the job with exit {EXIT_RESUMABLE}: run the same command again to "
@@ -190,6 +201,23 @@ class Watchdog:
         t.start()
         t.join(wait)
 
+    def remember(self, rnd: int, wait: float = 2.0) -> None:
+        """Add round ``rnd`` to :attr:`memory` (a whole new file each time, never through a link),
+        giving up after ``wait`` seconds; errors are ignored: the abort matters more."""
+        if self.memory is None or rnd < 0:
+            return
+        text = "".join(f"{r + 1}\n" for r in sorted(self.remembered | {rnd}))
+
+        def write():
+            try:
+                safefs.write_new(self.memory, text.encode())
+            except (OSError, ValueError):
+                pass
+
+        t = threading.Thread(target=write, name="hpcfl-watchdog-memory", daemon=True)
+        t.start()
+        t.join(wait)
+
     def _watch(self) -> None:
         period = self.period()
         while not self._stopped.wait(period):
@@ -199,9 +227,20 @@ class Watchdog:
             text = self.message(*over)
             print(text, file=sys.stderr, flush=True)
             self.leave_marker(text)
+            self.remember(self.where[1])
             # MPI_Abort tears mpiexec down at once; without a pause the launcher can exit
             # before it forwards this line (seen in CI: an empty stderr). Every rank
             # that times out in the pause prints too, so the user sees each rank's phase.
             if self._stopped.wait(1.0):   # the run ended in the pause: nothing left to abort
                 return
             self.comm.Abort(EXIT_RESUMABLE)
+
+
+def remembered_rounds(path: Path) -> set[int]:
+    """The rounds (counted from 0) a watchdog ended in earlier attempts, from ``path`` (one round,
+    counted from 1, per line); empty when there is no such file or it does not read as one."""
+    try:
+        text = safefs.read_small(path)
+    except (OSError, HpcflError):
+        return set()
+    return {int(w) - 1 for w in (text or "").split() if w.isdigit() and 0 < int(w) < 1 << 40}

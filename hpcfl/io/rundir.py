@@ -31,6 +31,7 @@ MARKER = ".hpcfl-run"
 # Left in --out by the watchdog when it ended the job (hpcfl/engine/watchdog.py): under srun the
 # job's exit code says 137, not 75, and a batch script requeues on this file instead.
 STALLED = ".hpcfl-stalled"
+WATCHDOG_ROUNDS = ".hpcfl-watchdog-rounds"   # rounds the watchdog ended, remembered across attempts
 LOCK = ".hpcfl-lock"
 ASIDE_PREFIX = "replaced-"
 _held: list = []   # open lock files: held until unlock() or the process ends (released on any exit)

@@ -3,8 +3,10 @@
 A fake clock drives it; ``tick`` is what the thread runs every second.
 """
 
+import os
+
 from hpcfl import config
-from hpcfl.engine.watchdog import PAUSE_GAP_S, Limits, Watchdog
+from hpcfl.engine.watchdog import PAUSE_GAP_S, Limits, Watchdog, remembered_rounds
 from hpcfl.io.rundir import stall_header, stall_marker
 from hpcfl.parallel.exits import EXIT_RESUMABLE
 
@@ -152,3 +154,53 @@ def test_the_launcher_says_where_the_note_goes(tmp_path, monkeypatch):
     assert stall_marker(tmp_path / "point") == tmp_path / "point" / ".hpcfl-stalled"
     monkeypatch.setenv("HPCFL_STALL_NOTE", str(tmp_path / ".hpcfl-stalled"))
     assert stall_marker(tmp_path / "point") == tmp_path / ".hpcfl-stalled"     # a sweep's point: $OUT's top
+
+
+def test_a_round_the_watchdog_ended_before_gets_the_start_up_allowance_next_time(tmp_path):
+    """A round that is only slow (a large client sampled for the first time) was ended on every
+    attempt: each resume reached it with the same short history. Remembered in the run folder, it
+    gets watchdog.startup_s in every phase on the next attempt, and the message says so."""
+    lim = Limits(floor_s=60.0, factor=10.0, startup_s=600.0)
+    memory = tmp_path / ".hpcfl-watchdog-rounds"
+    first = Watchdog(Comm(), lim, clock=Clock(), start=False, memory=memory)
+    first.remember(6)                                       # ended round 7 (index 6)
+    assert memory.read_text() == "7\n" and remembered_rounds(memory) == {6}
+    again = Watchdog(Comm(), lim, clock=Clock(), start=False, memory=memory, remembered=remembered_rounds(memory))
+    clock = again.clock
+    for rnd in range(5, 7):
+        run_round(again, clock, rnd, 0.5)                    # rounds of half a second: the derived limit is 60 s
+    again.enter("train", 7)
+    assert again.limit() == 60.0                             # an ordinary round
+    again.enter("train", 6)
+    assert again.limit() == 600.0                            # the remembered one
+    assert "ended round 7 in an earlier attempt too" in again.message(700.0, 600.0)
+    again.remember(9)
+    assert remembered_rounds(memory) == {6, 9} and memory.read_text() == "7\n10\n"
+
+
+def test_the_memory_is_read_safely(tmp_path):
+    assert remembered_rounds(tmp_path / "none") == set()
+    (tmp_path / "bad").write_text("x\n-3\n0\n12\n")
+    assert remembered_rounds(tmp_path / "bad") == {11}
+    os.mkfifo(tmp_path / "fifo")
+    assert remembered_rounds(tmp_path / "fifo") == set()     # never blocks, never trusted
+    (tmp_path / "link").symlink_to(tmp_path / "bad")
+    assert remembered_rounds(tmp_path / "link") == set()
+
+
+def test_only_a_resumed_run_remembers_and_says_so(tmp_path, capsys):
+    from hpcfl.engine.control import RunControl
+
+    class Rank0:
+        rank, size = 0, 1
+
+    (tmp_path / ".hpcfl-watchdog-rounds").write_text("3\n8\n")
+    lim = Limits(floor_s=60.0, factor=10.0, startup_s=600.0)
+    fresh = RunControl(Rank0(), None, lim, resumed_from=0, out=tmp_path)
+    assert fresh.watchdog.remembered == frozenset()
+    resumed = RunControl(Rank0(), None, lim, resumed_from=5, out=tmp_path)
+    assert resumed.watchdog.remembered == frozenset({7})     # round 3 is behind the checkpoint
+    assert "the watchdog ended round(s) 8 in an earlier attempt; each gets watchdog.startup_s = 600 s" \
+        in capsys.readouterr().out
+    for c in (fresh, resumed):
+        c.close()
