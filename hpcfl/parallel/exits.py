@@ -54,7 +54,7 @@ def _c_exit(code: int) -> None:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None)
+        libc = ctypes.PyDLL(None)   # holds the GIL: no Python thread runs while C's exit handlers do
         libc.exit.argtypes = [ctypes.c_int]
         libc.exit(code)
     except (OSError, AttributeError):
