@@ -1,5 +1,8 @@
 """hpcfl export and Results.to_pandas: every table read back and compared with results.h5; the
-TensorBoard events read back with tensorboard's EventAccumulator."""
+TensorBoard events read back with tensorboard's EventAccumulator; and ``run --force`` sets the old
+run's exports aside with it."""
+
+import os
 
 import h5py
 import numpy as np
@@ -96,3 +99,27 @@ def test_tensorboard_events_read_back(sweep, tmp_path, monkeypatch):
     monkeypatch.chdir(sweep.parent)
     assert cli.main(["export", "runs", "--format", "tensorboard", "--out", str(tmp_path / "tb")]) == 0
     assert sorted(p.parent.name for p in (tmp_path / "tb").rglob("events.out.tfevents.*")) == ["seed-0", "seed-1"]
+
+
+def tensorboard(*args):
+    return cli.main(["export", *map(str, args), "--format", "tensorboard"])
+
+
+def test_force_sets_the_old_runs_exports_aside(tmp_path):
+    import hpcfl
+
+    out, table = tmp_path / "run", job(**{"run.rounds": 2})
+    hpcfl.run(table, out=out)
+    assert tensorboard(out) == 0
+    old = {p.name: p.read_bytes() for p in (out / "tensorboard").iterdir()}
+    seen = {}
+
+    def look(event):   # the set-aside folder is deleted once the new run has a checkpoint: looked at first
+        if isinstance(event, hpcfl.Start):
+            aside = next(out.glob("replaced-*"))
+            seen.update(beside=os.path.lexists(out / "tensorboard"),
+                        aside={p.name: p.read_bytes() for p in (aside / "tensorboard").iterdir()})
+
+    hpcfl.run(table, out=out, force=True, callbacks=[look])
+    assert seen == {"beside": False, "aside": old} and any("tfevents" in name for name in old)
+    assert not os.path.lexists(out / "tensorboard") and (out / "results.h5").is_file()
