@@ -5,32 +5,36 @@ one long CSV or Parquet table, or as TensorBoard event files.
   member (``clients``) or per run, evaluated round and client (``client_eval``); the first
   columns say which run (``run``: its directory, ``group``: the label ``hpcfl report`` gives it,
   ``seed``), the others are the results file's arrays unchanged (needs pandas; Parquet also
-  pyarrow: ``pip install hpcfl[export]``).
+  pyarrow: ``pip install hpcfl[export]``). Without ``--format`` the file name's suffix says which
+  (``.csv``, ``.parquet``); an unknown suffix is refused.
 - ``tensorboard``: per run, ``<run>/tensorboard/events.out.tfevents.*`` (or under ``--out``, in the
-  run's path relative to the current directory) with one scalar series per finite metric
-  (``metrics/<name>``, step = round) and, with ``/client_eval``, the clients' accuracy
-  statistics by evaluated round (``clients/accuracy_mean``, ``_worst10``, ``_std``, ``_jain``).
-  So ``tensorboard --logdir runs/`` shows every run of a sweep. Written with the ``tensorboard``
-  package's event writer; the wall time of a point is its round's end, from the run's start
-  and ``/metrics/time_round``, so exporting twice gives the same events.
+  run's path relative to the current directory): see :mod:`.tbevents`. So ``tensorboard --logdir
+  runs/`` shows every run of a sweep.
+
+The table file is never written through a link and never replaces one of the runs it reads
+(the same file, by any path) or any other HDF5 file: :func:`check_table_out`. It is built in memory
+and written to a fresh temporary name, then renamed into place (:func:`write_table_file`), so a
+failed export leaves the old file whole. The folders above it are the path the user gave.
 """
 
 from __future__ import annotations
 
-import calendar
+import io
 import os
-import time
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import HpcflError
+from ..io import safefs
+from ..io.h5check import BadFile, has_signature
 from . import runs as R
-from .fairness import STATS, by_round, fairness
+from . import tbevents
 
 FORMATS = ("csv", "parquet", "tensorboard")
 TABLES = ("metrics", "clients", "client_eval")
-TB_FOLDER = "tensorboard"
+SUFFIXES = {".csv": "csv", ".parquet": "parquet"}   # the table formats a file name can say
 
 
 def _need(module: str, what: str):
@@ -67,6 +71,93 @@ def table(results: list, labels: dict, name: str = "metrics"):
     return pd.concat(frames, ignore_index=True)
 
 
+def choose_format(fmt: str | None, out) -> str:
+    """The format to write: ``fmt`` when given, else the one ``out``'s suffix says (CSV to stdout
+    without ``out``). A suffix no format has, or one that says another table format than ``fmt``,
+    is refused, so that a file's name never lies about what it holds (CSV in ``x.parquet``)."""
+    known = ", ".join(SUFFIXES)
+    suffix = Path(out).suffix.lower() if out is not None else ""
+    said = SUFFIXES.get(suffix)
+    if fmt is None:
+        if out is None:
+            return "csv"
+        if said is None:
+            what = f"hpcfl export knows {known}, not {suffix!r}" if suffix else f"the name has none ({known})"
+            raise HpcflError(f"--out {out}: without --format the format is the file name's suffix, and {what}; end "
+                             f"the name in one of those, or give --format {' | '.join(FORMATS)} (tensorboard writes "
+                             f"into a folder)")
+        return said
+    if fmt not in FORMATS:
+        raise HpcflError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if said is not None and said != fmt:
+        raise HpcflError(f"--format {fmt} but --out {out} ends in {suffix}, which says {said}; give a name that "
+                         f"matches the format, or leave --format out to take it from the name")
+    return fmt
+
+
+def check_table_out(out: Path, inputs: list[Path], dir_fd: int | None = None) -> None:
+    """Raise unless ``out`` may take the table: missing, or a regular file that is neither one of the
+    ``inputs`` (results files, compared by device and inode, so through any path or hard link) nor
+    any other HDF5 file. A link there, dangling or not, is refused: export never writes through one.
+    ``dir_fd``: the open folder holding ``out`` (looked up by its name there)."""
+    if out.name in ("", ".", ".."):
+        raise HpcflError(f"--out {out} is a folder; give a file name such as {out / 'rounds.csv'}")
+    at = out.name if dir_fd is not None else out
+    try:
+        st = os.lstat(at, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise HpcflError(f"--out {out} cannot be checked ({exc.strerror or exc}); choose another path") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise HpcflError(f"--out {out} is a symbolic link (to {os.readlink(at, dir_fd=dir_fd)}); hpcfl export never "
+                         f"writes through a link. Remove the link, or give the path of the file itself")
+    if stat.S_ISDIR(st.st_mode):
+        raise HpcflError(f"--out {out} is a folder; give a file name such as {out / 'rounds.csv'}")
+    if not stat.S_ISREG(st.st_mode):
+        raise HpcflError(f"--out {out} is not a regular file (a FIFO, a socket or a device); give a file's path")
+    for f in inputs:
+        if os.path.samestat(st, os.stat(f)):
+            raise HpcflError(f"--out {out} is {f}, the results of a run being exported: writing there would destroy "
+                             f"the run. Give another file name, e.g. --out rounds.csv")
+    try:
+        hdf5 = has_signature(at, dir_fd=dir_fd)
+    except (OSError, BadFile) as exc:
+        raise HpcflError(f"--out {out} cannot be read to check that it is not an HDF5 file ({exc}); give another "
+                         f"file name") from None
+    if hdf5:
+        raise HpcflError(f"--out {out} is an HDF5 file (a run's results or checkpoint?); hpcfl export never "
+                         f"overwrites one. Give another file name, or move that file away first")
+
+
+def write_table_file(out: Path, data: bytes, inputs: list[Path]) -> None:
+    """Write ``data`` to ``out`` through its folder, opened once: the last check of ``out`` and the
+    write (a fresh temporary name renamed over it, so never through a link) happen in the same folder,
+    whatever is moved meanwhile."""
+    try:
+        fd = os.open(out.parent, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise HpcflError(f"--out {out} cannot be written: its folder {out.parent} cannot be opened "
+                         f"({exc.strerror or exc}); choose a path in a writable directory") from None
+    try:
+        check_table_out(out, inputs, dir_fd=fd)
+        safefs.write_new(Path(out.name), data, dir_fd=fd)
+    except OSError as exc:
+        raise HpcflError(f"--out {out} cannot be written ({exc.strerror or exc}); choose a path in a writable "
+                         f"directory") from None
+    finally:
+        os.close(fd)
+
+
+def table_bytes(df, fmt: str) -> bytes:
+    """The table as the bytes of a CSV or Parquet file."""
+    if fmt == "csv":
+        return df.to_csv(index=False).encode()
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
 def write_table(paths: list, out, fmt: str, name: str = "metrics", by=None) -> str:
     """CSV or Parquet of :func:`table` over the runs under ``paths``: to ``out``, or, for CSV with
     ``out`` None, returned as text."""
@@ -76,92 +167,29 @@ def write_table(paths: list, out, fmt: str, name: str = "metrics", by=None) -> s
         if out is None:
             raise HpcflError("--format parquet writes a file: give --out FILE.parquet")
         _need("pyarrow", "export to parquet")
-    results = R.load_runs(R.find_runs(list(paths)))
+    files = R.find_runs(list(paths))
+    if out is not None:
+        check_table_out(Path(out), files)   # before the runs are read: nothing is loaded for a refused --out
+    results = R.load_runs(files)
     labels = {id(r): label for label, members in R.group_runs(results, by).items() for r in members}
     df = table(results, labels, name)
     if out is None:
         return df.to_csv(index=False)
-    try:
-        if fmt == "csv":
-            df.to_csv(out, index=False)
-        else:
-            df.to_parquet(out, index=False)
-    except OSError as exc:
-        raise HpcflError(f"--out {out} cannot be written ({exc.strerror or exc}); choose a path in a writable "
-                         f"directory") from None
-    return f"{len(df)} rows of /{name} from {len(results)} run(s) written to {out}"
-
-
-# --------------------------------------------------------------------------- tensorboard
-
-def _start_time(res) -> float:
-    """The run's first start (``/segments``' UTC time) as a Unix time; 0 when unknown."""
-    try:
-        return float(calendar.timegm(time.strptime(res.segments[0]["started"], "%Y-%m-%dT%H:%M:%SZ")))
-    except (IndexError, KeyError, ValueError, TypeError):
-        return 0.0
-
-
-def scalars(res) -> list[tuple[str, int, float, float]]:
-    """(tag, step, wall time, value) of every point TensorBoard gets from one run, in write order."""
-    m = res.metrics
-    rounds = np.asarray(m["round"], dtype=np.int64)
-    took = np.nan_to_num(np.asarray(m.get("time_round", np.zeros(rounds.size)), dtype=np.float64))
-    wall = dict(zip(rounds.tolist(), (_start_time(res) + np.cumsum(took)).tolist()))
-    out = []
-    for name in sorted(m):
-        if name == "round" or np.asarray(m[name]).dtype.kind not in "fiub":
-            continue
-        values = np.asarray(m[name], dtype=np.float64)
-        out += [(f"metrics/{name}", int(r), wall[int(r)], float(v)) for r, v in zip(rounds, values) if np.isfinite(v)]
-    if res.client_eval:
-        ev_rounds, per = by_round(res.client_eval, "accuracy")
-        for r, acc in zip(ev_rounds.tolist(), per):
-            f = fairness(acc)
-            out += [(f"clients/accuracy_{k}", int(r), wall.get(int(r), 0.0), f[k]) for k in STATS
-                    if np.isfinite(f[k])]
-    return out
-
-
-def _tb_dir(res, out) -> Path:
-    run_dir = res.source.parent
-    if out is None:
-        return run_dir / TB_FOLDER
-    try:
-        rel = run_dir.relative_to(Path.cwd())
-    except ValueError:
-        rel = Path(*run_dir.parts[1:])   # an absolute path outside the current directory: mirrored in full
-    return Path(out) / rel
+    write_table_file(Path(out), table_bytes(df, fmt), files)   # checked again there: reading took a while
+    return f"{len(df)} rows of /{name} from {len(results)} run(s) written to {out} ({fmt})"
 
 
 def write_tensorboard(paths: list, out=None) -> list[Path]:
-    """TensorBoard event files of the runs under ``paths`` (see the module's docstring); returns the
-    folders written. A folder's earlier event files (an earlier export) are replaced."""
+    """TensorBoard event files of the runs under ``paths`` (:mod:`.tbevents`); returns the folders
+    written. Export's own earlier event files there are replaced; no other file is touched."""
     _need("tensorboard", "export to tensorboard")
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-    written = []
-    for res in R.load_runs(R.find_runs(list(paths))):
-        folder = _tb_dir(res, out)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            for old in folder.glob("events.out.tfevents.*"):
-                old.unlink()
-            writer = EventFileWriter(str(folder))
-            for tag, step, wall, value in scalars(res):
-                summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
-                writer.add_event(event_pb2.Event(wall_time=wall, step=step, summary=summary))
-            writer.close()
-        except OSError as exc:
-            raise HpcflError(f"cannot write TensorBoard events to {folder} ({exc.strerror or exc}); choose a "
-                             f"writable folder with --out") from None
-        written.append(folder)
-    return written
+    return tbevents.write(R.load_runs(R.find_runs(list(paths))), out)
 
 
-def export(paths: list, fmt: str, out=None, name: str = "metrics", by=None) -> str:
-    """What ``hpcfl export`` prints: the CSV text (CSV without ``out``), or a line saying what was written."""
+def export(paths: list, fmt: str | None = None, out=None, name: str = "metrics", by=None) -> str:
+    """What ``hpcfl export`` prints: the CSV text (CSV without ``out``), or a line saying what was
+    written. ``fmt`` None: from ``out``'s suffix (:func:`choose_format`)."""
+    fmt = choose_format(fmt, out)
     if fmt == "tensorboard":
         folders = write_tensorboard(paths, out)
         root = os.path.commonpath([str(f) for f in folders]) if len(folders) > 1 else str(folders[0].parent)

@@ -18,13 +18,16 @@ def add_parser(sub) -> None:
                                    "TensorBoard event files beside each run (tensorboard --logdir runs/).")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="run directory, results.h5 file, or a directory holding runs (e.g. a sweep's output)")
-    p.add_argument("--format", default="csv", choices=FORMATS, help="csv (default), parquet or tensorboard")
+    p.add_argument("--format", default=None, choices=FORMATS,
+                   help="csv, parquet or tensorboard (default: the suffix of --out, .csv or .parquet; csv to the "
+                        "screen without --out)")
     p.add_argument("--table", default="metrics", choices=TABLES,
                    help="csv/parquet: metrics (a row per round, default), clients (per cohort member and round) "
                         "or client_eval (per client and evaluated round)")
     p.add_argument("--out", metavar="PATH",
-                   help="csv/parquet: the file (csv without it: printed); tensorboard: a folder to hold each run's "
-                        "events under its path (default: <run>/tensorboard)")
+                   help="csv/parquet: the file (csv without it: printed; never a link, a run's results.h5 or another "
+                        "HDF5 file); tensorboard: a folder to hold each run's events under its path (default: "
+                        "<run>/tensorboard)")
     p.add_argument("--by", action="append", metavar="KEY[,KEY]",
                    help="csv/parquet: the group column by these config keys, as hpcfl report groups them")
 

@@ -25,7 +25,7 @@ class Plan:
     ckpt_dir: Path
     loaded: object = None          # hpcfl.io.checkpoint.Loaded when resuming
     notes: list = field(default_factory=list)
-    replace: list = field(default_factory=list)   # the old run's files, set aside by --force
+    replace: list = field(default_factory=list)   # the old run's files and export folders, set aside by --force
 
 
 def plan_run(cfg, out: Path, force: bool = False) -> Plan:
@@ -55,7 +55,8 @@ def plan_run(cfg, out: Path, force: bool = False) -> Plan:
     path = out / "results.h5"
     if force:
         rundir.check_owner(ckpt_dir, None, path)
-        old = [path] + ([p for _, p in store.list()] + [ckpt_dir / rundir.MARKER] if store else [])
+        exports = [out / name for name in rundir.EXPORT_FOLDERS]   # they describe the old run: never beside the new
+        old = [path] + exports + ([p for _, p in store.list()] + [ckpt_dir / rundir.MARKER] if store else [])
         return Plan("fresh", rundir.new_run_id(), ckpt_dir, replace=old)
     found = rundir.existing_results(path)   # a link, a foreign or a damaged file: refused without --force
     if found is None:

@@ -67,6 +67,38 @@ def _hdf5_library():
     return _lib[0]
 
 
+def _find_signature(fd: int, size: int, path) -> tuple[int, bytes] | None:
+    """(offset, the 96 bytes there) of the HDF5 signature in the open file ``fd`` of ``size`` bytes, or
+    None. HDF5 looks for it at 0, 512, 1024, 2048, ... (after a user block)."""
+    offset = 0
+    while True:
+        try:
+            head = os.pread(fd, 96, offset)
+        except OSError as exc:   # EIO from failing storage (or /proc/self/mem): this file's problem
+            raise BadFile(f"{path} cannot be read ({exc.strerror or exc})") from None
+        if head[:8] == SIGNATURE:
+            return offset, head
+        offset = 512 if offset == 0 else offset * 2
+        if offset >= size:
+            return None
+
+
+def has_signature(path: Path, dir_fd: int | None = None) -> bool:
+    """Whether the regular file ``path`` holds an HDF5 signature where HDF5 looks for one (a results
+    file, a checkpoint, anyone's HDF5 file, damaged or not).
+
+    A link is not followed (``OSError`` ELOOP) and nothing blocks on a FIFO. Raises ``OSError``
+    when the file cannot be opened, BadFile when it cannot be read: the caller cannot tell then.
+    ``dir_fd``: ``path`` is a name in that open folder.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and _find_signature(fd, st.st_size, path) is not None
+    finally:
+        os.close(fd)
+
+
 def superblock(path: Path) -> dict:
     """The superblock fields that matter here: version, flags, base and stored end of file.
 
@@ -85,20 +117,12 @@ def superblock(path: Path) -> dict:
     except OSError as exc:
         raise BadFile(f"{path} cannot be read ({exc.strerror or exc})") from None
     try:
-        offset = 0   # HDF5 looks for the signature at 0, 512, 1024, 2048, ... (after a user block)
-        while True:
-            try:
-                head = os.pread(fd, 96, offset)
-            except OSError as exc:   # EIO from failing storage (or /proc/self/mem): this file's problem
-                raise BadFile(f"{path} cannot be read ({exc.strerror or exc})") from None
-            if head[:8] == SIGNATURE:
-                break
-            offset = 512 if offset == 0 else offset * 2
-            if offset >= st.st_size:
-                raise BadFile(f"{path} is not an HDF5 file (no HDF5 signature)" if st.st_size else f"{path} is "
-                              f"empty")
+        found = _find_signature(fd, st.st_size, path)
     finally:
         os.close(fd)
+    if found is None:
+        raise BadFile(f"{path} is not an HDF5 file (no HDF5 signature)" if st.st_size else f"{path} is empty")
+    offset, head = found
     version = head[8]
     try:
         if version in (0, 1):

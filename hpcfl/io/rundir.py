@@ -34,6 +34,10 @@ STALLED = ".hpcfl-stalled"
 WATCHDOG_ROUNDS = ".hpcfl-watchdog-rounds"   # rounds the watchdog ended, remembered across attempts
 LOCK = ".hpcfl-lock"
 ASIDE_PREFIX = "replaced-"
+# The folders ``hpcfl export`` writes inside a run directory (its TensorBoard events): they describe
+# that run's results, so ``--force`` sets them aside with it rather than leave them beside a new run.
+TENSORBOARD = "tensorboard"
+EXPORT_FOLDERS = (TENSORBOARD,)
 _held: list = []   # open lock files: held until unlock() or the process ends (released on any exit)
 _created: list = []   # folders lock() created for --out, deepest first (abandon() removes them if still empty)
 
@@ -310,12 +314,15 @@ def claim(directory: Path, run_id: str, results: Path) -> None:
 
 
 def set_aside(out: Path, files: list[Path]) -> Path | None:
-    """Move ``files`` (the old run's results and checkpoints) into ``out/replaced-<UTC time>/``.
+    """Move ``files`` (the old run's results, export folders and checkpoints) into
+    ``out/replaced-<UTC time>/``.
 
-    Returns the new folder, or None when there was nothing to move. Checkpoints go to its
-    ``checkpoints/`` sub-folder, so the old run stays whole and can be moved back by hand.
+    Returns the new folder, or None when there was nothing to move. What sits in ``out`` keeps its
+    name there (``results.h5``, ``tensorboard/``); checkpoints go to its ``checkpoints/``
+    sub-folder, so the old run stays whole and can be moved back by hand. A link is moved as the
+    link (a rename), never followed, and a dangling one is moved too.
     """
-    files = [f for f in files if f.exists()]
+    files = [f for f in files if os.path.lexists(f)]
     if not files:
         return None
     aside = out / f"{ASIDE_PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}"

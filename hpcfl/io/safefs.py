@@ -75,23 +75,37 @@ def remove_stale(path: Path) -> None:
     os.unlink(path)
 
 
-def create(path: Path, mode: int = 0o644) -> int:
-    """A new file at ``path``, created exclusively (fails on any existing name, link included); an fd."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, mode)
+def create(path: Path, mode: int = 0o644, dir_fd: int | None = None) -> int:
+    """A new file at ``path``, created exclusively (fails on any existing name, link included); an fd.
+
+    ``dir_fd``: ``path`` is a name in that open folder (so no link on the way to it is followed).
+    """
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FLAGS, mode, dir_fd=dir_fd)
 
 
-def write_new(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a fresh temporary name, fsynced, renamed into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = create(tmp)
+def write_new(path: Path, data: bytes, dir_fd: int | None = None, tmp: str | None = None) -> None:
+    """Write ``data`` to ``path`` through a fresh temporary name, fsynced, renamed into place.
+
+    Parameters
+    ----------
+    path : the file; a name in ``dir_fd`` when that is given
+    data : its bytes
+    dir_fd : an open folder that ``path`` and the temporary name are relative to
+    tmp : the temporary name (default ``.NAME.PID.RANDOM.tmp``), for a caller whose readers
+        pick files by a word in their names (TensorBoard reads any name holding ``tfevents``)
+    """
+    path = Path(path)
+    tmp_path = path.with_name(tmp or f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = create(tmp_path, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        # rename replaces whatever is at path, a link included, and never writes through it
+        os.replace(tmp_path, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        discard(tmp)
+        discard(tmp_path, dir_fd)
         raise
 
 
@@ -154,22 +168,23 @@ def fsync_dir(fd: int) -> None:
             raise
 
 
-def discard(path: Path) -> None:
+def discard(path: Path, dir_fd: int | None = None) -> None:
     """Remove a partial file, quietly (it may not exist)."""
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
     except OSError:
         pass
 
 
-def read_small(path: Path, limit: int = 1 << 16) -> str | None:
+def read_small(path: Path, limit: int = 1 << 16, dir_fd: int | None = None) -> str | None:
     """The text of a small regular file (a marker, a lock), or None if there is none.
 
     Never blocks on a FIFO or device planted under that name, never reads more than ``limit``
-    bytes; anything but a regular file raises HpcflError.
+    bytes; anything but a regular file raises HpcflError. ``dir_fd``: ``path`` is a name in that
+    open folder.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _FLAGS)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -1,5 +1,12 @@
 """hpcfl export and Results.to_pandas: every table read back and compared with results.h5; the
-TensorBoard events read back with tensorboard's EventAccumulator."""
+TensorBoard events read back with tensorboard's EventAccumulator. Then what export never does
+(issue 45): write through a link, delete event files it did not write, overwrite a run it reads
+or any HDF5 file, write a format other than the file name says; and ``run --force`` sets the old
+run's exports aside with it."""
+
+import json
+import os
+import shutil
 
 import h5py
 import numpy as np
@@ -96,3 +103,147 @@ def test_tensorboard_events_read_back(sweep, tmp_path, monkeypatch):
     monkeypatch.chdir(sweep.parent)
     assert cli.main(["export", "runs", "--format", "tensorboard", "--out", str(tmp_path / "tb")]) == 0
     assert sorted(p.parent.name for p in (tmp_path / "tb").rglob("events.out.tfevents.*")) == ["seed-0", "seed-1"]
+
+
+# --------------------------------------------------------------------------- what export never does
+
+@pytest.fixture
+def run(sweep, tmp_path):
+    """A copy of one run of the sweep (without its exports), to plant links and files in."""
+    dst = tmp_path / "run"
+    shutil.copytree(sweep / "seed-0", dst, ignore=shutil.ignore_patterns("tensorboard"))
+    return dst
+
+
+def tensorboard(*args):
+    return cli.main(["export", *map(str, args), "--format", "tensorboard"])
+
+
+def test_tensorboard_never_follows_a_planted_link(run, tmp_path, capsys, monkeypatch):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "events.out.tfevents.1.theirs").write_bytes(b"their events")
+    (run / "tensorboard").symlink_to(victim)
+    assert tensorboard(run) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'tensorboard'} is a symbolic link (to {victim})" in err and "Remove the link" in err
+    assert os.listdir(victim) == ["events.out.tfevents.1.theirs"]
+    assert (victim / "events.out.tfevents.1.theirs").read_bytes() == b"their events"
+    (run / "tensorboard").unlink()
+    (run / "tensorboard").symlink_to(tmp_path / "nowhere")   # dangling: nothing is created at its target
+    assert tensorboard(run) == 2 and not os.path.lexists(tmp_path / "nowhere")
+    assert "is a symbolic link" in capsys.readouterr().err
+    # under --out: the folder itself, and each folder export creates under it (the run's path mirrored)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tblink").symlink_to(victim)
+    assert tensorboard(run, "--out", tmp_path / "tblink") == 2
+    assert f"{tmp_path / 'tblink'} is a symbolic link" in capsys.readouterr().err
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "run").symlink_to(victim)
+    assert tensorboard(run, "--out", tmp_path / "tb") == 2
+    assert f"{tmp_path / 'tb' / 'run'} is a symbolic link" in capsys.readouterr().err
+    assert os.listdir(victim) == ["events.out.tfevents.1.theirs"]
+    assert (victim / "events.out.tfevents.1.theirs").read_bytes() == b"their events"
+
+
+def test_tensorboard_leaves_event_files_it_did_not_write(run, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    tb = run / "tensorboard"
+    tb.mkdir()
+    theirs = tb / "events.out.tfevents.2.someone"
+    theirs.write_bytes(b"theirs")
+    (tb / "notes.txt").write_text("keep")
+    assert tensorboard(other, run) == 2
+    err = capsys.readouterr().err
+    assert f"{tb} holds TensorBoard event files that hpcfl export did not write ({theirs.name})" in err
+    assert "Move them away" in err
+    assert sorted(os.listdir(tb)) == [theirs.name, "notes.txt"] and theirs.read_bytes() == b"theirs"
+    assert not (other / "tensorboard").exists()   # every folder is checked before any run is written
+    theirs.rename(run / "moved-away")
+    assert tensorboard(run) == 0
+    written = [n for n in os.listdir(tb) if "tfevents" in n]
+    assert len(written) == 1 and written[0].startswith("events.out.tfevents.")
+    record = tb / ".hpcfl-export"
+    assert json.loads(record.read_text())["files"] == written
+    first = (tb / written[0]).read_bytes()
+    # a rerun replaces what the record lists (an earlier export's file too), and nothing else
+    (tb / "events.out.tfevents.0000000001.hpcfl").write_bytes(b"an earlier export")
+    record.write_text(json.dumps({"files": sorted(written + ["events.out.tfevents.0000000001.hpcfl"])}))
+    assert tensorboard(run) == 0
+    assert sorted(os.listdir(tb)) == sorted([".hpcfl-export", "notes.txt"] + written)
+    assert (tb / written[0]).read_bytes() == first and (tb / "notes.txt").read_text() == "keep"
+    assert json.loads(record.read_text())["files"] == written
+
+
+def test_a_table_never_overwrites_a_run_it_reads_or_any_hdf5_file(run, tmp_path, capsys):
+    h5 = run / "results.h5"
+    before = h5.read_bytes()
+    alias = tmp_path / "alias.h5"
+    os.link(h5, alias)
+    (tmp_path / "via").symlink_to(run)
+    assert cli.main(["export", str(run), "--out", str(h5)]) == 2   # as the attacker typed it
+    for out in (h5, alias, tmp_path / "via" / "results.h5"):   # the same file by another path
+        assert cli.main(["export", str(run), "--format", "csv", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out} is {h5}, the results of a run being exported" in err, err
+    assert h5.read_bytes() == before
+    res = load(run)
+    np.testing.assert_array_equal(res.metrics["train_loss"], h5_columns(h5, "metrics")["train_loss"])
+    assert res.metrics["round"].tolist() == [1, 2, 3]
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = np.arange(3)
+    assert cli.main(["export", str(run), "--format", "csv", "--out", str(other)]) == 2
+    assert f"--out {other} is an HDF5 file" in capsys.readouterr().err
+    with h5py.File(other, "r") as f:
+        assert f["x"][()].tolist() == [0, 1, 2]
+
+
+def test_a_table_never_follows_a_link(run, tmp_path, capsys):
+    target = tmp_path / "target.csv"
+    dangling = tmp_path / "dangling.csv"
+    dangling.symlink_to(target)
+    assert cli.main(["export", str(run), "--out", str(dangling)]) == 2
+    assert f"--out {dangling} is a symbolic link (to {target})" in capsys.readouterr().err
+    assert not os.path.lexists(target) and dangling.is_symlink()
+    target.write_text("mine\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    assert cli.main(["export", str(run), "--out", str(link)]) == 2
+    assert target.read_text() == "mine\n" and link.is_symlink()
+
+
+def test_the_format_is_the_file_names(run, tmp_path, capsys):
+    assert cli.main(["export", str(run), "--out", str(tmp_path / "t.parquet")]) == 0
+    assert (tmp_path / "t.parquet").read_bytes()[:4] == b"PAR1"
+    assert pd.read_parquet(tmp_path / "t.parquet")["round"].tolist() == [1, 2, 3]
+    assert cli.main(["export", str(run), "--out", str(tmp_path / "t.csv")]) == 0
+    assert (tmp_path / "t.csv").read_text().startswith("run,group,seed,round,")
+    capsys.readouterr()
+    assert cli.main(["export", str(run), "--out", str(tmp_path / "t.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "hpcfl export knows .csv, .parquet, not '.txt'" in err and not (tmp_path / "t.txt").exists()
+    assert cli.main(["export", str(run), "--format", "csv", "--out", str(tmp_path / "x.parquet")]) == 2
+    assert "ends in .parquet, which says parquet" in capsys.readouterr().err
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_force_sets_the_old_runs_exports_aside(tmp_path):
+    import hpcfl
+
+    out, table = tmp_path / "run", job(**{"run.rounds": 2})
+    hpcfl.run(table, out=out)
+    assert tensorboard(out) == 0
+    old = {p.name: p.read_bytes() for p in (out / "tensorboard").iterdir()}
+    seen = {}
+
+    def look(event):   # the set-aside folder is deleted once the new run has a checkpoint: looked at first
+        if isinstance(event, hpcfl.Start):
+            aside = next(out.glob("replaced-*"))
+            seen.update(beside=os.path.lexists(out / "tensorboard"),
+                        aside={p.name: p.read_bytes() for p in (aside / "tensorboard").iterdir()})
+
+    hpcfl.run(table, out=out, force=True, callbacks=[look])
+    assert seen == {"beside": False, "aside": old} and any("tfevents" in name for name in old)
+    assert not os.path.lexists(out / "tensorboard") and (out / "results.h5").is_file()

@@ -58,6 +58,24 @@ def test_set_aside_keeps_every_file(tmp_path):
     assert rundir.set_aside(out, [out / "results.h5"]) is None
 
 
+def test_set_aside_moves_export_folders_and_never_follows_a_link(tmp_path):
+    out, victim, tb = tmp_path / "out", tmp_path / "victim", "tensorboard"
+    out.mkdir()
+    victim.mkdir()
+    (victim / "keep.txt").write_text("theirs")
+    (out / tb).symlink_to(tmp_path / "nowhere")   # a dangling link is moved too (the old code left it)
+    aside = rundir.set_aside(out, [out / tb])
+    assert aside is not None and os.readlink(aside / tb) == str(tmp_path / "nowhere")
+    (out / tb).symlink_to(victim)   # a link is moved as the link; its target is not touched
+    aside = rundir.set_aside(out, [out / name for name in rundir.EXPORT_FOLDERS])
+    assert os.readlink(aside / tb) == str(victim) and not os.path.lexists(out / tb)
+    assert os.listdir(victim) == ["keep.txt"] and (victim / "keep.txt").read_text() == "theirs"
+    (out / tb).mkdir()
+    (out / tb / "events.out.tfevents.1.hpcfl").write_bytes(b"E")
+    aside = rundir.set_aside(out, [out / tb])
+    assert (aside / tb / "events.out.tfevents.1.hpcfl").read_bytes() == b"E" and not os.path.lexists(out / tb)
+
+
 class FakeComm:
     """allgather over a fixed set of other ranks' (stop flag, due) pairs."""
 
