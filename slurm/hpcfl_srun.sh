@@ -29,8 +29,8 @@
 # publishes its network address in segments of up to 1,022 hex characters, which with the command's
 # own words can make a line longer than that (how long depends on the address, so some launches
 # fail and others do not). srun then prints "mpi/pmi2: invalid client request" (with "value not
-# properly terminated" or "request not begin with 'cmd='") and the ranks abort in MPI_Init: no rank
-# has started the run, so nothing in $OUT changed and starting again is safe. The same job tends to
+# properly terminated" or "request not begin with 'cmd='") and the ranks abort in MPI_Init, or wait
+# there until hpcfl_end_misread ends the launch: no rank has started the run, so nothing in $OUT changed and starting again is safe. The same job tends to
 # fail the same way every time (MPICH sends the bytes that follow the UCX address in its memory too,
 # and they rarely compress), so unless MPIR_CVAR_CH4_NETMOD is set the next launch uses MPICH's OFI
 # (libfabric) netmod, whose address is a few dozen bytes: results are the same bits either way.
@@ -47,18 +47,47 @@ hpcfl_srun_once() {
     srun --kill-on-bad-exit=0 --wait=120 "$@" 2>&3 &
     pid=$!
     exec 3>&-                       # srun holds the only writer now: tee ends when srun does
+    hpcfl_end_misread "$pid" "$errors" &
+    local watch_pid=$!
     while kill -0 "$pid" 2>/dev/null; do
         wait "$pid"                 # returns early (status > 128) each time the trap runs
     done
     wait "$pid"                     # srun has exited: this gives its exit code
     local rc=$?
     pid=''
+    kill "$watch_pid" 2>/dev/null
+    wait "$watch_pid" 2>/dev/null
     wait "$tee_pid" 2>/dev/null     # every line of srun's stderr is in $errors
     return "$rc"
 }
 
 # what srun prints when Slurm's pmi2 plugin could not parse a rank's PMI-1 line (see above)
 HPCFL_PMI_MISREAD='mpi/pmi2: (invalid client request|value not properly terminated|request not begin with)'
+
+# A misread line is lost: the rank that sent it waits for an answer that never comes, and the
+# others wait for it in MPI_Init, for ever (srun's --wait=120 counts only once a task has ended).
+# While srun ($1) runs, this watches its stderr ($2); after a misread it gives the ranks 5 s to
+# abort by themselves, then sends srun TERM, which it forwards to the ranks (still in MPI_Init:
+# nothing has run), and KILL 20 s later if srun is still there.
+hpcfl_end_misread() {
+    local srun_pid=$1 errors=$2
+    while kill -0 "$srun_pid" 2>/dev/null; do
+        if grep -Eq "$HPCFL_PMI_MISREAD" "$errors" 2>/dev/null; then
+            sleep 5
+            kill -0 "$srun_pid" 2>/dev/null || return 0
+            echo "hpcfl: Slurm's pmi2 plugin misread an MPI address line and the ranks are waiting in" \
+                 "MPI_Init for what it lost; ending this launch" >&2
+            kill -TERM "$srun_pid" 2>/dev/null
+            for _ in $(seq 20); do
+                sleep 1
+                kill -0 "$srun_pid" 2>/dev/null || return 0
+            done
+            kill -KILL "$srun_pid" 2>/dev/null
+            return 0
+        fi
+        sleep 1
+    done
+}
 
 # $1 is a whole number from $3 to $4, or the job ends with exit 2 naming variable $2.
 hpcfl_check_count() {

@@ -29,7 +29,8 @@ PROGRAM["array_sweep"] = ["sweep", "jobs/sweep_quickstart.toml"]
 # srun: record argv one per line, drop srun's own --options (the templates write them as
 # --opt=value), then run the rest, as srun runs the program on each rank.
 # STANDIN_PMI_MISREAD=N: the first N calls print what srun prints when Slurm's pmi2 plugin misread
-# a PMI-1 line (the ranks then abort in MPI_Init) and exit 16. Calls are counted in srun.calls, and
+# a PMI-1 line (the ranks then abort in MPI_Init) and exit 16, or with STANDIN_PMI_HANG set wait as
+# the ranks then can (at most 30 s) until srun gets TERM, and exit 143. Calls are counted in srun.calls, and
 # each call's MPIR_CVAR_CH4_NETMOD (empty when unset) is a line of srun.netmod.
 SRUN = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/srun.argv"
@@ -39,6 +40,11 @@ echo "${MPIR_CVAR_CH4_NETMOD:-}" >> "$STANDIN_DIR/srun.netmod"
 if [ "$n" -le "${STANDIN_PMI_MISREAD:-0}" ]; then
     echo "slurmstepd-node1: error: mpi/pmi2: value not properly terminated in client request" >&2
     echo "slurmstepd-node1: error: mpi/pmi2: invalid client request" >&2
+    if [ -n "${STANDIN_PMI_HANG:-}" ]; then   # the ranks wait in MPI_Init until srun is signalled
+        trap 'echo TERM >> "$STANDIN_DIR/srun.signals"; exit 143' TERM
+        for _ in $(seq 600); do sleep 0.05; done
+        exit 1
+    fi
     echo "srun: error: node1: task 0: Exited with exit code 16" >&2
     exit 16
 fi

@@ -303,7 +303,7 @@ def test_mpiexec_inside_the_allocation_is_one_world(cluster, work):
 # the first launch sends a put longer than the 1024 bytes the plugin reads at once, as MPICH's
 # address segments can be, and gives up as MPI_Init does; the next launch sends a well-formed one.
 PMI_RANK = r'''
-import os, socket, sys
+import os, socket, sys, time
 from pathlib import Path
 
 sock = socket.socket(fileno=int(os.environ["PMI_FD"]))
@@ -318,6 +318,8 @@ first = Path(sys.argv[1])
 if not first.exists():
     first.write_text("misread")
     sock.sendall(("cmd=put kvsname=x key=addr value=" + "A" * 1100 + "\n").encode())
+    if sys.argv[2] == "hang":       # wait in MPI_Init for ever, as MPICH's ranks did in CI
+        time.sleep(3600)
     sys.exit(16)
 assert "rc=0" in say("cmd=put kvsname=" + say("cmd=get_my_kvsname\n").split("kvsname=")[1].split()[0]
                      + " key=addr value=" + "B" * 900 + "\n")
@@ -326,14 +328,16 @@ say("cmd=finalize\n")
 '''
 
 
-def test_a_launch_that_slurm_pmi2_misread_is_started_again(cluster, work):
+@pytest.mark.parametrize("then", ["abort", "hang"])
+def test_a_launch_that_slurm_pmi2_misread_is_started_again(cluster, work, then):
     """Slurm's pmi2 plugin reads a PMI-1 line with one read() of at most 1024 bytes; a longer line
-    (MPICH's address segments with the command's words) is misread and the ranks abort in MPI_Init.
-    slurm/hpcfl_srun.sh recognises what srun prints then and launches again in the same job."""
+    (MPICH's address segments with the command's words) is misread and the ranks abort in MPI_Init,
+    or wait there for ever for the lost line's answer (seen in CI). slurm/hpcfl_srun.sh recognises
+    what srun prints then, ends a launch still waiting 5 s later, and launches again in the same job."""
     (work.dir / "pmi_rank.py").write_text(PMI_RANK)
     script = work.dir / "misread.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --output=slurm-misread-%j.out\nOUT=runs/none\n"
-                      '. slurm/hpcfl_srun.sh\nhpcfl_srun --mpi=pmi2 -n 1 python pmi_rank.py "$PWD/first"\n')
+                      f'. slurm/hpcfl_srun.sh\nhpcfl_srun --mpi=pmi2 -n 1 python pmi_rank.py "$PWD/first" {then}\n')
     jid = work.sbatch(script, "--ntasks=1", *ONE_CORE)
     rec = one(cluster.wait_done(jid, timeout=180, log=work.log_path(jid)))
     log = work.log(jid)
@@ -342,3 +346,4 @@ def test_a_launch_that_slurm_pmi2_misread_is_started_again(cluster, work):
     assert "mpi/pmi2: invalid client request" in log, log
     assert log.count("launching again (1 of at most 2") == 1, log
     assert "pmi put of 900 characters: ok" in log and "hpcfl: finished" in log, log
+    assert ("ending this launch" in log) == (then == "hang"), log

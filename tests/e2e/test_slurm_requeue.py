@@ -184,6 +184,23 @@ def test_a_launch_after_a_misread_uses_mpichs_ofi_netmod(stand, name):
     assert "the next launch uses MPICH's OFI netmod (MPIR_CVAR_CH4_NETMOD=ofi)" in p.stderr
 
 
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_launch_hung_after_a_misread_is_ended_and_started_again(stand, name):
+    """A lost line can leave the ranks waiting in MPI_Init for ever (seen in CI: no rank ended, so
+    srun's --wait never counted): the launcher ends that srun with TERM a few seconds after the
+    misread and launches again, on the OFI netmod."""
+    t0 = time.monotonic()
+    p = stand.run(name, STANDIN_PMI_MISREAD=1, STANDIN_PMI_HANG=1, STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.output
+    assert (stand.dir / "srun.signals").read_text() == "TERM\n"
+    assert calls(stand) == 2 and netmods(stand) == ["", "ofi"]
+    assert "the ranks are waiting in MPI_Init for what it lost; ending this launch" in p.stderr
+    assert "launching again (1 of at most 2, HPCFL_LAUNCH_RETRIES)" in p.stderr
+    assert "hpcfl: finished" in p.stdout
+    assert 5 <= took < 20, took      # 5 s for the ranks to abort by themselves, not the stand-in's 30
+
+
 def test_a_netmod_the_user_chose_is_kept_on_the_next_launch(stand):
     p = stand.run("cpu_only", STANDIN_PMI_MISREAD=1, STANDIN_EXIT=0, SLURM_RESTART_COUNT=0,
                   MPIR_CVAR_CH4_NETMOD="ucx")
