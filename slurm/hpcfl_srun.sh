@@ -30,10 +30,11 @@
 # own words can make a line longer than that (how long depends on the address, so some launches
 # fail and others do not). srun then prints "mpi/pmi2: invalid client request" (with "value not
 # properly terminated" or "request not begin with 'cmd='") and the ranks abort in MPI_Init, or wait
-# there until hpcfl_end_misread ends the launch: no rank has started the run, so nothing in $OUT changed and starting again is safe. The same job tends to
-# fail the same way every time (MPICH sends the bytes that follow the UCX address in its memory too,
-# and they rarely compress), so unless MPIR_CVAR_CH4_NETMOD is set the next launch uses MPICH's OFI
-# (libfabric) netmod, whose address is a few dozen bytes: results are the same bits either way.
+# there until hpcfl_end_misread ends the launch: no rank has started the run, so nothing in $OUT
+# changed and starting again is safe. The same job tends to fail the same way every time (MPICH
+# sends the bytes that follow the UCX address in its memory too, and they rarely compress), so
+# unless MPIR_CVAR_CH4_NETMOD is set the next launch uses MPICH's OFI (libfabric) netmod, whose
+# address is a few dozen bytes: results are the same bits either way.
 
 # shellcheck shell=bash
 
