@@ -162,34 +162,39 @@ def resolve(kind: str, name: str, search=()) -> Plugin:
         raise ConfigError(f"{key} = {name!r}: module {module_name!r}{where} has no attribute {attr!r}; {hint}")
     obj = getattr(module, attr)
     if not callable(obj):
-        raise ConfigError(f"{key} = {name!r}: {module_name}.{attr} is a {type(obj).__name__}, not a callable; name a "
-                          f"class or function of the form {CONTRACTS[kind]}")
+        raise ConfigError(f"{key} = {name!r}: {module_name}.{attr} = {obj!r:.40} is not callable; name a class or "
+                          f"function of the form {CONTRACTS[kind]}")
     plugin = Plugin(name, kind, obj, object, file, _sha256(file), _doc(obj, file))
     plugin = dataclasses.replace(plugin, options=options_class(plugin))
     setattr(plugin.options, PLUGIN_ATTR, plugin)   # of(options) finds the callable from the options alone
     return plugin
 
 
-def search_folders(search=()) -> list[str]:
-    """The folders looked in after ``sys.path``: ``search`` (the job file's folder), then the current one."""
-    out = []
-    for d in [*search, os.getcwd()]:
+def search_folders(search=()) -> list[tuple[str, str]]:
+    """(what, folder) looked in after ``sys.path``: ``search`` (the job file's folder), then the current one."""
+    out, seen = [], set()
+    for what, d in [*(("the job file's folder", d) for d in search), ("the current folder", os.getcwd())]:
         d = str(Path(d).resolve()) if d else None
-        if d and d not in out:
-            out.append(d)
+        if d and d not in seen:
+            seen.add(d)
+            out.append((what, d))
     return out
 
 
-def import_module(module_name: str, label: str, search=()):
+JOB_FIX = "put {top}.py (or the package folder {top}/) next to the job file, or its folder on PYTHONPATH"
+
+
+def import_module(module_name: str, label: str, search=(), fix: str = JOB_FIX):
     """Import ``module_name`` searching ``sys.path``, then :func:`search_folders` (appended to sys.path).
 
-    ``label`` starts every message (``model.name = 'nets:SmallCNN'``, ``$HPCFL_ALGORITHMS``).
-    A module that is not found and a module that raises while importing are ConfigErrors of one
-    line each: the first names where it looked and the fix, the second the exception and the line
-    of the module's code that raised it.
+    ``label`` starts every message (``model.name = 'nets:SmallCNN'``, ``$HPCFL_ALGORITHMS``), ``fix``
+    ends the one of a module not found (``{top}``: the module's top-level name). A module that is not
+    found and a module that raises while importing are ConfigErrors of one line each: the first names
+    where it looked and the fix, the second the exception and the line of the module's code that
+    raised it.
     """
     folders = search_folders(search)
-    for d in folders:
+    for _, d in folders:
         if d not in sys.path:
             sys.path.append(d)
     importlib.invalidate_caches()   # a module written since the last import in this process
@@ -199,12 +204,11 @@ def import_module(module_name: str, label: str, search=()):
         missing = exc.name or ""
         parts = module_name.split(".")
         if missing in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:   # the module itself
-            top = parts[0]
+            where = ", then ".join(f"{what} {d}" for what, d in folders)
             raise ConfigError(
                 f"{label}: module {module_name!r} cannot be imported (ModuleNotFoundError: No module named "
-                f"{missing!r}); looked in sys.path (PYTHONPATH and the installed packages), then "
-                f"{' and '.join(folders)}. Fix: put {top}.py (or the package folder {top}/) next to the job file, "
-                f"or its folder on PYTHONPATH") from None
+                f"{missing!r}); looked in sys.path (PYTHONPATH and the installed packages), then {where}. Fix: "
+                f"{fix.format(top=parts[0])}") from None
         raise ConfigError(f"{label}: importing module {module_name!r} raised {raised_at(exc)}; fix the module "
                           f"(python -c \"import {module_name}\" shows the whole traceback)") from None
     except (Exception, SystemExit) as exc:   # the user's code ran and failed: its line, not our traceback

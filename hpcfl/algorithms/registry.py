@@ -210,7 +210,9 @@ def _import_plugins() -> None:
 
     for module in filter(None, (m.strip() for m in os.environ.get(ALGORITHMS_ENV, "").split(","))):
         try:
-            import_module(module, f"${ALGORITHMS_ENV} names {module!r}", ())
+            import_module(module, f"${ALGORITHMS_ENV} names {module!r}", (),
+                          "put the folder that holds {top}.py (or the package {top}/) on PYTHONPATH, or run hpcfl "
+                          "from that folder")
         except ConfigError as exc:
             PLUGIN_ERRORS.extend(p + f" (or unset {ALGORITHMS_ENV})" for p in exc.problems)
 

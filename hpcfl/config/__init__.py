@@ -333,8 +333,8 @@ def load(job, overrides: list[str] | None = None, files: bool = False) -> Config
     table = apply_overrides(table, list(overrides or []), notes)
     missing = [name for name in ("data", "model") if name not in table]
     found = data_file_problems(table) if files else []
-    try:
-        cfg = from_dict(table, job_dir)
+    try:   # a job file's folder is where its plug-ins are looked for; a dict or TOML text has none
+        cfg = from_dict(table, job_dir if what.startswith("job file") else None)
     except ConfigError as exc:
         raise ConfigError(missing_tables(what, missing) + exc.problems + found) from None
     if missing or found:
