@@ -124,8 +124,12 @@ def load_dataset(name: str, options, root: str | None, seed: int, cache: str = "
     """Load dataset ``name``; ``options`` None means all defaults.
 
     ``cache`` is ``data.cache`` ("auto", "off" or a folder): generated datasets are read
-    from there when an earlier run stored them (:mod:`hpcfl.data.cache`).
+    from there when an earlier run stored them (:mod:`hpcfl.data.cache`). A plug-in's
+    (``options`` from :func:`dataset_options`) is called every time, never cached, and what it
+    returns is checked (:mod:`hpcfl.data.plugin`).
     """
+    if plugins.is_plugin(name):
+        return _plugin_data.load(_plugin("dataset", name, options), options, seed)
     spec = _lookup(DATASETS, name, "data.dataset")
     opts = options if options is not None else spec.options()
     root_dir = cache_root(cache) if spec.cache else None
