@@ -330,15 +330,27 @@ def _annotated(ann):
 
 def _default(plugin: Plugin, name: str, value, tp):
     """The parameter's default as the field's type (an int default of a float parameter: a float)."""
-    from .config.options import _coerce
-
-    if value is None and typing.get_origin(tp) is typing.Union:
-        return None
     try:
-        return _coerce(list(value) if isinstance(value, tuple) else value, tp)
+        return _fit(value, tp)
     except TypeError:
         raise ConfigError(f"{plugin.label}: the default {name} = {value!r} does not fit its annotation; make the "
                           f"default {name}'s type, or the annotation the default's") from None
+
+
+def _fit(value, tp):
+    """``value`` as ``tp`` (one of the option types of :func:`_annotated`), or TypeError; never rounds.
+    The same rules as the job's values follow (hpcfl.config.options), for the few types a plug-in has."""
+    if typing.get_origin(tp) is typing.Union:
+        return None if value is None else _fit(value, typing.get_args(tp)[0])
+    if typing.get_origin(tp) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
+        return tuple(_fit(v, typing.get_args(tp)[0]) for v in value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not tp:   # bool is not an int here, nor an int a bool
+        raise TypeError
+    return value
 
 
 def defaults(cls) -> dict:

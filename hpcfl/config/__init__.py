@@ -23,6 +23,7 @@ from ..algorithms import milestone_rounds, registry
 from ..errors import ConfigError
 from ..plugins import is_plugin, table_name
 from . import sections
+from .components import component_options, table_clashes
 from .notices import missing_tables
 from .options import build, build_partial
 from .read import read_any, read_job  # noqa: F401  (read_job: callers have always found it here)
@@ -194,41 +195,6 @@ def _split(table: dict, cls) -> tuple[dict, dict]:
     return plain, subs
 
 
-def _component(kind: str, name: str, subs: dict, where: str, problems: list[str], search=()):
-    """Build the options of component ``name`` from its sub-table (a plug-in's: the one named after
-    its attribute; its module looked for in ``search`` too, see :mod:`hpcfl.plugins`)."""
-    # Imported here, not at the top: commands that import this module without reading a job
-    # (hpcfl --help, report, plot) then skip the dataset, model and system modules.
-    from .. import data, models
-
-    lookup = {"dataset": data.dataset_options, "partition": data.partition_options, "model": models.model_options}
-    try:
-        cls = lookup[kind](name, search)
-    except ConfigError as exc:
-        problems += exc.problems
-        return None
-    return build(cls, subs.get(table_name(name)), f"{where}.{table_name(name)}", problems)
-
-
-def _table_clashes(data: DataSection, model: ModelSection, data_bad: set, model_bad: set) -> list[str]:
-    """A plug-in's table that another component, or the section's own key, also owns."""
-    own = {"data": {f.name for f in dataclasses.fields(DataSection)},
-           "model": {f.name for f in dataclasses.fields(ModelSection)}}
-    chosen = [("data", "data.dataset", data.dataset, "dataset" in data_bad),
-              ("data", "data.partition", data.partition, "partition" in data_bad),
-              ("model", "model.name", model.name, "name" in model_bad)]
-    out = []
-    for section, key, name, bad in chosen:
-        if not bad and is_plugin(name) and table_name(name) in own[section]:
-            out.append(f"{key} = {name!r} would take its options from [{section}.{table_name(name)}], but "
-                       f"{section}.{table_name(name)} is a key of [{section}]; rename the function or class")
-    if not data_bad & {"dataset", "partition"} and (is_plugin(data.dataset) or is_plugin(data.partition)) \
-            and table_name(data.dataset) == table_name(data.partition):
-        out.append(f"data.dataset = {data.dataset!r} and data.partition = {data.partition!r} would both take their "
-                   f"options from [data.{table_name(data.dataset)}]; rename one of the two functions")
-    return out
-
-
 def from_dict(table: dict, job_dir=None) -> Config:
     """Validate a parsed job and build the :class:`Config`; raises ConfigError listing every problem.
 
@@ -268,7 +234,7 @@ def from_dict(table: dict, job_dir=None) -> Config:
         alg_table.setdefault("mu", registry.PROX_MU)
     algorithm, alg_bad = build_partial(AlgorithmSection, alg_table, "algorithm", problems)
     runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
-    from ..system import SystemOptions   # here for the same reason as in _component
+    from ..system import SystemOptions   # here for the same reason as in component_options
 
     system = build(SystemOptions, t.get("system"), "system", problems)
     extra = {name: build(cls, t.get(name), name, problems) for name, cls in
@@ -287,12 +253,12 @@ def from_dict(table: dict, job_dir=None) -> Config:
                 policy_options[slot] = opts
 
     dataset_options = partition_options = model_options = None
-    clashes = _table_clashes(data, model, data_bad, model_bad)
+    clashes = table_clashes(data, model, data_bad, model_bad)
     problems += clashes
     if "dataset" not in data_bad:
-        dataset_options = _component("dataset", data.dataset, data_subs, "data", problems, search)
+        dataset_options = component_options("dataset", data.dataset, data_subs, "data", problems, search)
     if "partition" not in data_bad:
-        partition_options = _component("partition", data.partition, data_subs, "data", problems, search)
+        partition_options = component_options("partition", data.partition, data_subs, "data", problems, search)
     if not data_bad & {"dataset", "partition"} and not clashes:
         for name in data_subs:
             if name not in (table_name(data.dataset), table_name(data.partition)):
@@ -301,7 +267,7 @@ def from_dict(table: dict, job_dir=None) -> Config:
                     f"{data.partition!r}; rename the table or choose that component"
                 )
     if "name" not in model_bad:
-        model_options = _component("model", model.name, model_subs, "model", problems, search)
+        model_options = component_options("model", model.name, model_subs, "model", problems, search)
         for name in model_subs:
             if name != table_name(model.name):
                 problems.append(f"[model.{name}] is given but model.name = {model.name!r}" + (
