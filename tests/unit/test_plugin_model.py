@@ -205,3 +205,23 @@ def test_a_plugin_that_cannot_be_vectorised_says_why_or_is_refused_with_on(tmp_p
                                                  "random masks)")
     with pytest.raises(ConfigError, match=f"runtime.vectorize = 'on' cannot train model '{name}:dropout'"):
         setup_lines(folder, capsys, f"{name}:dropout", "runtime.vectorize=on")
+
+
+def test_the_bench_bare_loop_builds_a_plugin_model_as_the_engine_does(tmp_path, monkeypatch):
+    """hpcfl bench's bare loop takes a plug-in name too; its first model is the engine's, bit for bit,
+    when both start from the same seed (the check's two builds change nothing)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcfl.bench.bare import run_bare
+
+    monkeypatch.chdir(tmp_path)   # a dict job: the module is looked for in the current folder
+    nets = write_module(tmp_path, MODELS, "nets")
+    job = {"run": {"rounds": 1, "seed": 2, "eval_every": 0}, "data": {"dataset": "digits", "num_clients": 4},
+           "model": {"name": f"{nets}:SmallCNN", "SmallCNN": {"channels": 2}},
+           "algorithm": {"clients_per_round": 2, "local_steps": 1, "lr": 1e-30}, "runtime": {"threads": 1}}
+    final = run_bare(job, MPI.COMM_SELF)["final"]   # lr 1e-30: steps too small to move a float32 weight
+    torch.manual_seed(2)   # what run_bare seeds before it builds
+    plain = plugins.of(models.model_options(f"{nets}:SmallCNN")(channels=2)).obj((1, 8, 8), 10, channels=2)
+    expect = torch.nn.utils.parameters_to_vector(plain.parameters()).detach().numpy()
+    assert np.asarray(final).tobytes() == expect.tobytes() and len(expect) == 2 * 9 + 2 + 2 * 10 + 10
