@@ -51,7 +51,12 @@ def test_kill_and_resume_of_a_plugin_model_is_bitwise_the_uninterrupted_run(fold
     p = hpcfl("run", jobfile, "--out", str(tmp_path / "out"))
     assert p.returncode == 0 and "resuming from ckpt-00000003.h5" in p.stdout, p.stdout + p.stderr
     assert_same_run(tmp_path / "ref", tmp_path / "out")
-    assert load(tmp_path / "out").segments[-1]["start_round"] == 4
+    segments = load(tmp_path / "out").segments
+    assert [s["start_round"] for s in segments] == [1, 4]
+    module = folder[0] / f"{folder[1]}.py"
+    import hashlib
+    for s in segments:   # each segment says which code it ran
+        assert s["versions"]["plugins"]["model.name"]["sha256"] == hashlib.sha256(module.read_bytes()).hexdigest()
 
 
 def test_resume_refuses_changed_plugin_options(folder, tmp_path):
