@@ -64,6 +64,9 @@ def test_a_module_that_raises_names_the_exception_and_its_line(tmp_path):
     msg = refused(tmp_path, job_text(f"{name}:Net"))   # the module is found; what it imports is not
     assert f"importing module {name!r} raised ModuleNotFoundError: No module named 'no_such_dependency_77' " \
            f"(at {tmp_path / name}.py:1)" in msg
+    name = write_module(tmp_path, "import numpy as np\n\nnp.linalg.inv(np.zeros((2, 2)))\n", "lib")
+    msg = refused(tmp_path, job_text(f"{name}:Net"))   # raised inside numpy: the user's line that called it
+    assert f"raised LinAlgError: Singular matrix (at {tmp_path / name}.py:3)" in msg
     name = write_module(tmp_path, "def f(:\n", "syntax")
     assert f"raised SyntaxError: invalid syntax (at {tmp_path / name}.py:1)" in refused(tmp_path, job_text(f"{name}:f"))
 
