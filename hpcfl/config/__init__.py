@@ -59,7 +59,7 @@ class Config:
     guard: GuardSection = GuardSection()
     watchdog: WatchdogSection = WatchdogSection()
     results: ResultsSection = ResultsSection()
-    job_dir: str | None = None       # where relative paths (system.trace) resolve, and plug-ins are looked for; not part of the job
+    job_dir: str | None = None       # where relative paths (system.trace) resolve and plug-ins are found; not the job
     notes: tuple[str, ...] = ()      # what reading the job decided for the user (--set dropped a table); not the job
 
     def to_dict(self) -> dict:

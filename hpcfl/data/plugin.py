@@ -96,9 +96,9 @@ def load(plugin: Plugin, options, seed: int) -> Dataset:
     num_classes = _num_classes(plugin, got.get("num_classes"), top)
     natural = None
     if got.get("client") is not None:
+        test = got.get("client_test")
         natural = _clients(plugin, _array(plugin, "client", got["client"]), len(y),
-                           None if got.get("client_test") is None else _array(plugin, "client_test", got["client_test"]),
-                           len(yt))
+                           None if test is None else _array(plugin, "client_test", test), len(yt))
     elif got.get("client_test") is not None:
         raise DataError(f"{plugin.label} returned client_test without client; give both or neither")
     return Dataset(plugin.name, np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(y, dtype=np.int64),
