@@ -164,7 +164,7 @@ class SplitReader:
         bad = ~np.isfinite(x) | (np.abs(x) > _F32_MAX)
         if bad.any():
             r, c = (int(i) for i in np.argwhere(bad)[0])
-            raise DataError(f"{at}['x'][{r}][{c}] = {x[r, c]!r} is not a finite float32 value; inputs must be "
+            raise DataError(f"{at}['x'][{r}][{c}] = {float(x[r, c])!r} is not a finite float32 value; inputs must be "
                             f"finite: drop or fix that row")
         return x.astype(np.float32)
 
@@ -245,7 +245,9 @@ def read_split(paths: list[str], opts: LeafOptions, codec, width):
 
 
 def _join(reader: SplitReader, ids: list, k: int, width_shape: tuple) -> np.ndarray:
-    parts = [reader.rows[u][k] for u in ids]
+    """Array ``k`` (0: x, 1: y) of every user in ``ids`` order, in one concatenation; users without rows
+    add none (their empty x may predate the row width)."""
+    parts = [reader.rows[u][k] for u in ids if len(reader.rows[u][1])]
     if not parts:
         return np.zeros((0, *width_shape), dtype=np.float32 if k == 0 else np.int64)
     out = np.concatenate(parts)
