@@ -96,3 +96,27 @@ def write_tff_emnist(root) -> str:
     write_tff(os.path.join(root, "fed_emnist_train.h5"), TFF_TRAIN)
     write_tff(os.path.join(root, "fed_emnist_test.h5"), TFF_TEST)
     return str(root)
+
+
+def random_leaf(root, users: int = 7, width: int = 16, classes: int = 4, seed: int = 0, chars: bool = False) -> str:
+    """A LEAF split pair of ``users`` users with random rows (3 to 10 training rows, 0 to 3 test rows each),
+    over two train and two test files; ``chars``: Shakespeare-like rows of ``width`` characters instead."""
+    rng = np.random.default_rng(seed)
+    text = "abcdefgh ijkl,mnop.\n"
+
+    def rows(n):
+        if chars:
+            xs = ["".join(rng.choice(list(text), width)) for _ in range(n)]
+            return xs, [str(c) for c in rng.choice(list(text), n)]
+        return rng.normal(size=(n, width)).round(4).tolist(), rng.integers(0, classes, n).tolist()
+
+    train, test = ({}, {}), ({}, {})
+    for u in range(users):
+        uid = f"f{rng.integers(0, 10**4):04d}_{u:02d}"
+        train[u % 2][uid] = rows(int(rng.integers(3, 11)))
+        n_test = int(rng.integers(0, 4))
+        if n_test:
+            test[u % 2][uid] = rows(n_test)
+    write_leaf(os.path.join(root, "train"), {"a_train.json": train[0], "b_train.json": train[1]})
+    write_leaf(os.path.join(root, "test"), {"a_test.json": test[0], "b_test.json": test[1]})
+    return str(root)
