@@ -102,6 +102,8 @@ def paths_check(name: str, keys: tuple[str, ...]):
         problems = []
         for k in keys:
             value = getattr(opts, k)
+            if not value:   # an optional file left unset (its options' validate() says when it is needed)
+                continue
             path = resolve(value, root)
             if not os.path.exists(path):
                 problems.append(f"data.{name}.{k}: {path} does not exist; set data.{name}.{k} (a file or a "

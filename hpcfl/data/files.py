@@ -180,7 +180,7 @@ ON_DISK = {
     "npz": DatasetSpec(NpzOptions, load_npz, "generic .npz with x, y (and optionally x_test, y_test; client, "
                        "client_test: natural clients)", files=_npz_files),
     "leaf": DatasetSpec(LeafOptions, load_leaf, "LEAF's JSON (FEMNIST, Shakespeare): natural clients, each user's "
-                        "own test rows", files=paths_check("leaf", ("train", "test"))),
+                        "own test rows", files=paths_check("leaf", ("train", "test", "vocab_file"))),
     "tff": DatasetSpec(TffOptions, load_tff, "TensorFlow Federated's HDF5 client data (EMNIST-62, Shakespeare): "
                        "natural clients, own test rows", files=paths_check("tff", ("train", "test"))),
 }

@@ -11,6 +11,9 @@ JSON files in ``data/<name>/data/train/`` and ``.../test/``, each an object with
 read as float32 as stored and reshaped to ``image_shape`` ([1, 28, 28] for FEMNIST; unset: flat);
 y is an integer class. ``features = "chars"`` (Shakespeare): an x row is a string of characters (80
 in LEAF) and y the next character; both become ids over ``vocab`` (:mod:`hpcfl.data.chars`).
+``features = "tokens"`` (Sent140): an x row is a text, or a list whose last element is the text
+(LEAF's Sent140 rows: tweet id, date, query, user, text), y an integer class; the text becomes
+``seq_len`` word ids over ``vocab_file`` (:mod:`hpcfl.data.tokens`: 0 padding, 1 unknown word).
 
 Every user with training rows is a client, in ascending id order (:mod:`hpcfl.data.clients`), and
 its rows in the test files are its own test rows. Each file is parsed whole (the standard library's
@@ -32,6 +35,7 @@ from .chars import LEAF_CHARS, UNKNOWN, CharCodec, vocab_problems
 from .clients import listing, natural_groups, resolve
 from .container import Dataset
 from .disk import _open
+from .tokens import encode, read_vocab
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _LAYOUT = "LEAF's JSON: an object with users, num_samples and user_data ({id: {\"x\": [...], \"y\": [...]}})"
@@ -45,19 +49,27 @@ class LeafOptions:
     test: str = field(default="test", metadata={
         "help": "the test split, each user's own test rows: a .json file or a folder of them"})
     features: str = field(default="image", metadata={
-        "choices": ("image", "chars"),
+        "choices": ("image", "chars", "tokens"),
         "help": "image: x rows are lists of numbers (FEMNIST); chars: x rows are strings, y the next character "
-                "(Shakespeare)"})
+                "(Shakespeare); tokens: x rows are texts, y a class (Sent140)"})
     image_shape: tuple[int, ...] = field(default=(), metadata={
         "gt": 0, "help": "shape of one x row, e.g. [1, 28, 28] for FEMNIST; []: flat, as stored"})
     vocab: str = field(default=LEAF_CHARS, metadata={
         "help": "chars: the characters, id = position (default: LEAF's 80)"})
     unknown: str = field(default="error", metadata={
         "choices": UNKNOWN, "help": "chars: a character outside vocab is an error, or (map) id len(vocab)"})
+    vocab_file: str = field(default="", metadata={
+        "help": "tokens: the word list, one token per line (its first field: a GloVe .txt works), the k-th line "
+                "id k + 2 (0: padding, 1: unknown word); absolute or relative to data.root"})
+    seq_len: int = field(default=25, metadata={
+        "gt": 0, "help": "tokens: words per row (LEAF's Sent140: 25): the first seq_len, then padding"})
+    lowercase: bool = field(default=False, metadata={"help": "tokens: lower-case the text before the look-up"})
     num_classes: int = field(default=0, metadata={
-        "ge": 0, "help": "number of classes; 0: image: the largest label + 1, chars: the vocabulary's ids"})
+        "ge": 0, "help": "number of classes; 0: image, tokens: the largest label + 1, chars: the vocabulary's ids"})
 
     def validate(self) -> list[str]:
+        if self.features == "tokens" and not self.vocab_file:
+            return ["features = 'tokens' needs vocab_file, the word list (one token per line, e.g. GloVe's .txt)"]
         return vocab_problems(self.vocab, "vocab") if self.features == "chars" else []
 
 
@@ -116,8 +128,9 @@ class SplitReader:
     on to the test split's).
     """
 
-    def __init__(self, opts: LeafOptions, codec: CharCodec | None, width: int | None = None):
-        self.opts, self.codec, self.width = opts, codec, width
+    def __init__(self, opts: LeafOptions, codec: CharCodec | None, width: int | None = None,
+                 words: dict[str, int] | None = None):
+        self.opts, self.codec, self.width, self.words = opts, codec, width, words
         self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.where: dict[str, str] = {}
 
@@ -140,7 +153,9 @@ class SplitReader:
                     raise DataError(f"{path}: user {u!r}: num_samples says {n} rows but user_data[{u!r}][{key!r}] "
                                     f"has {len(val)}")
             at = f"{path}: user_data[{u!r}]"
-            if self.codec is None:
+            if self.words is not None:
+                self.rows[u] = (self._tokens(at, xs), labels(at, ys))
+            elif self.codec is None:
                 self.rows[u] = (self._image(at, xs), labels(at, ys))
             else:
                 self.rows[u] = self._chars(at, xs, ys)
@@ -167,6 +182,17 @@ class SplitReader:
             raise DataError(f"{at}['x'][{r}][{c}] = {float(x[r, c])!r} is not a finite float32 value; inputs must be "
                             f"finite: drop or fix that row")
         return x.astype(np.float32)
+
+    def _tokens(self, at: str, xs: list) -> np.ndarray:
+        """(n, seq_len) word ids as float32 from texts (or LEAF's Sent140 lists ending in the text)."""
+        texts = []
+        for r, row in enumerate(xs):
+            text = row[-1] if isinstance(row, list) and row else row
+            if not isinstance(text, str):
+                raise DataError(f"{at}['x'][{r}] is {_short(row)}; expected a text, or a list whose last element "
+                                f"is the text (LEAF's Sent140 rows)")
+            texts.append(text)
+        return encode(texts, self.words, self.opts.seq_len, self.opts.lowercase).astype(np.float32)
 
     def _chars(self, at: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
         """(n, seq_len) ids as float32 and (n,) int64 label ids from strings."""
@@ -235,8 +261,8 @@ def _bad_row(at: str, xs: list, width: int) -> str:
     return f"{at}['x'] is not a list of rows of {width} numbers"
 
 
-def read_split(paths: list[str], opts: LeafOptions, codec, width):
-    reader = SplitReader(opts, codec, width)
+def read_split(paths: list[str], opts: LeafOptions, codec, width, words=None):
+    reader = SplitReader(opts, codec, width, words)
     for p in paths:
         reader.read(p)
     ids = sorted(reader.rows)
@@ -261,14 +287,17 @@ def load_leaf(opts: LeafOptions, root: str | None, seed: int) -> Dataset:
     train_files = listing(resolve(opts.train, root), (".json",), "data.leaf.train", what)
     test_files = listing(resolve(opts.test, root), (".json",), "data.leaf.test", what)
     codec = CharCodec(opts.vocab, opts.unknown) if opts.features == "chars" else None
-    width = int(np.prod(opts.image_shape)) if opts.image_shape and codec is None else None
-    tr, tr_ids, tr_sizes = read_split(train_files, opts, codec, width)
-    te, te_ids, te_sizes = read_split(test_files, opts, codec, tr.width)
+    words = read_vocab(resolve(opts.vocab_file, root)) if opts.features == "tokens" else None
+    width = int(np.prod(opts.image_shape)) if opts.image_shape and opts.features == "image" else None
+    tr, tr_ids, tr_sizes = read_split(train_files, opts, codec, width, words)
+    te, te_ids, te_sizes = read_split(test_files, opts, codec, tr.width, words)
     if tr_sizes.sum() == 0 or te_sizes.sum() == 0:
         split, files = ("data.leaf.train", train_files) if tr_sizes.sum() == 0 else ("data.leaf.test", test_files)
         raise DataError(f"{split}: no rows in {', '.join(files)}; expected LEAF files with users' rows")
     if codec is not None:
         shape = (tr.width,)
+    elif words is not None:
+        shape = (opts.seq_len,)
     else:
         shape = tuple(opts.image_shape) or (tr.width,)
     # both splits' per-user arrays are joined once, in client order; then the per-user ones go

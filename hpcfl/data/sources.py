@@ -132,8 +132,9 @@ ELSEWHERE: dict[str, tuple[str, ...]] = {
         "made by LEAF's scripts (Caldas et al. 2018), https://github.com/TalwalkarLab/leaf: in data/femnist or "
         "data/shakespeare run ./preprocess.sh (e.g. -s niid --sf 1.0 -k 0 -t sample); the JSON lands in "
         "data/<name>/data/train and .../test: data.leaf.train, data.leaf.test",
-        "data/sent140 (tweets, GloVe tokens) is not read yet; FEMNIST: data.leaf.image_shape = [1, 28, 28]; "
-        "Shakespeare: data.leaf.features = 'chars', model char_lstm",
+        "FEMNIST: data.leaf.image_shape = [1, 28, 28]; Shakespeare: data.leaf.features = 'chars', model char_lstm; "
+        "Sent140 (data/sent140): features = 'tokens' with vocab_file = GloVe's glove.6B.300d.txt "
+        "(https://nlp.stanford.edu/projects/glove/, LEAF's models/sent140/get_embs.sh)",
     ),
     "tff": (
         "TensorFlow Federated's HDF5 archives (older TFF releases; newer ones ship SQLite, not read here), "

@@ -94,6 +94,7 @@ def prepare(cfg, comm) -> Setup:
 
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
+    _check_ids(cfg, module, ds)
     model = FlatModel(module, device, dtype)
     threads = pick_threads(cfg.runtime.threads, local_size, model.num_params)   # by the model's size
     torch.set_num_threads(threads)
@@ -142,3 +143,18 @@ def _client_eval(cfg, ds, counts):
         return client_eval, []
     return client_eval, [f"per-client evaluation uses each client's own test rows; {none} of {client_eval.n} "
                          f"clients have none in the test file(s): their /client_eval accuracy and loss are NaN"]
+
+
+def _check_ids(cfg, module, ds) -> None:
+    """A model that embeds its inputs as ids (``char_lstm``) needs every id below its ``vocab_size``:
+    refused here, naming the option, rather than as an index error in round 1."""
+    limit = getattr(module, "vocab_size", None)
+    if limit is None:
+        return
+    top = max(float(ds.x_train.max(initial=0)), float(ds.x_test.max(initial=0)))
+    low = min(float(ds.x_train.min(initial=0)), float(ds.x_test.min(initial=0)))
+    if top >= limit or low < 0:
+        raise ConfigError(f"model.name = {cfg.model.name!r} embeds its inputs as ids 0..{limit - 1} (model."
+                          f"{cfg.model.name}.vocab_size, 0: num_classes = {ds.num_classes}), but "
+                          f"data.dataset = {cfg.data.dataset!r} holds ids {low:g}..{top:g}; set "
+                          f"model.{cfg.model.name}.vocab_size to at least {int(top) + 1} (the vocabulary's ids)")

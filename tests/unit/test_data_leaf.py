@@ -198,3 +198,56 @@ def test_labels_beyond_num_classes_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"data.leaf.num_classes = 3 is too small for labels up to 4; set it to at "
                                         r"least 5"):
         load(tmp_path, num_classes=3)
+
+
+def sent140(*texts_labels):
+    """LEAF's Sent140 rows: x = [tweet id, date, query, user, text], y = 0 or 1."""
+    return ([[str(1000 + i), "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", "amy", t] for i, (t, _) in
+             enumerate(texts_labels)], [y for _, y in texts_labels])
+
+
+def test_sent140_texts_become_word_ids_with_padding_and_unknown_words(tmp_path):
+    (tmp_path / "glove.txt").write_text("the 0.1 0.2\nmovie 0.3 -0.1\n\ngood 0.5 0.5\n! 0.0 0.0\n")
+    write_leaf(tmp_path / "train", {"s.json": {"amy": sent140(("The movie was good!", 1),
+                                                              ("the the the the the the the movie", 0))}})
+    write_leaf(tmp_path / "test", {"s.json": {"amy": sent140(("good, movie", 1))}})
+    ds = load(tmp_path, features="tokens", vocab_file="glove.txt", seq_len=6)
+    # the=2, movie=3, good=4, !=5 (the blank line is skipped); 0 pads, 1 is any other word
+    assert ds.x_train.tolist() == [[1, 3, 1, 4, 5, 0], [2, 2, 2, 2, 2, 2]] and ds.y_train.tolist() == [1, 0]
+    assert ds.x_test.tolist() == [[4, 1, 3, 0, 0, 0]] and ds.input_shape == (6,) and ds.num_classes == 2
+    low = load(tmp_path, features="tokens", vocab_file=str(tmp_path / "glove.txt"), seq_len=3, lowercase=True)
+    assert low.x_train.tolist() == [[2, 3, 1], [2, 2, 2]]
+    (tmp_path / "dup.txt").write_text("a\nb\na 1\n")
+    with pytest.raises(DataError, match=r"dup\.txt, line 3: token 'a' is listed again \(first as id 2\)"):
+        load(tmp_path, features="tokens", vocab_file="dup.txt")
+    with pytest.raises(ConfigError, match=r"features = 'tokens' needs vocab_file"):
+        load(tmp_path, features="tokens")
+    write_leaf(tmp_path / "test", {"s.json": {"amy": ([[1, 2]], [0])}})
+    with pytest.raises(DataError, match=r"s\.json: user_data\['amy'\]\['x'\]\[0\] is \[1, 2\] \(a list\); expected "
+                                        r"a text"):
+        load(tmp_path, features="tokens", vocab_file="glove.txt")
+
+
+def test_an_embedding_smaller_than_the_ids_is_refused_at_start_up(tmp_path):
+    from mpi4py import MPI
+    from runner import job
+
+    from hpcfl import config
+    from hpcfl.engine import simulation
+
+    (tmp_path / "glove.txt").write_text("the\nmovie\ngood\n!\n")
+    texts = [("The movie was good!", 1), ("the movie", 0), ("good good", 1)]
+    write_leaf(tmp_path / "train", {"s.json": {"amy": sent140(*texts), "bob": sent140(*texts[1:])}})
+    write_leaf(tmp_path / "test", {"s.json": {"amy": sent140(texts[0])}})
+    table = job(**{"data.dataset": "leaf", "data.root": str(tmp_path), "data.partition": "natural",
+                   "data.num_clients": 2, "data.leaf.features": "tokens", "data.leaf.vocab_file": "glove.txt",
+                   "data.leaf.seq_len": 4, "algorithm.batch_size": 2, "algorithm.clients_per_round": 2,
+                   "run.rounds": 1})
+    table["model"] = {"name": "char_lstm", "char_lstm": {"hidden": 4, "layers": 1}}
+    with pytest.raises(ConfigError, match=r"model.name = 'char_lstm' embeds its inputs as ids 0..1 .*holds ids "
+                                          r"0..4; set model.char_lstm.vocab_size to at least 5"):
+        simulation.prepare(config.from_dict(table), MPI.COMM_SELF)
+    table["model"]["char_lstm"]["vocab_size"] = 6
+    setup = simulation.prepare(config.from_dict(table), MPI.COMM_SELF)
+    x = simulation.run(setup)
+    assert np.isfinite(np.asarray(x)).all() and setup.client_eval.sizes.tolist() == [1, 0]
