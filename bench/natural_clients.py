@@ -152,7 +152,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--format", nargs="+", default=["leaf", "tff"], choices=["leaf", "tff"])
     ap.add_argument("--rows", type=int, default=20, help="training rows per client on average")
-    ap.add_argument("--users-per-file", type=int, default=100, help="LEAF: users per JSON file (LEAF's FEMNIST: about 100)")
+    ap.add_argument("--users-per-file", type=int, default=100,
+                    help="LEAF: users per JSON file (LEAF's FEMNIST: about 100)")
     ap.add_argument("--setup", action="store_true", help="also time a run's start-up and one round")
     ap.add_argument("--measure", nargs=3, metavar=("FORMAT", "ROOT", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args()

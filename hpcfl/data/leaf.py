@@ -199,6 +199,8 @@ class SplitReader:
         n = len(xs)
         if self.width is None and xs:
             self.width = len(xs[0]) if isinstance(xs[0], str) else 0
+            if self.width == 0:
+                raise DataError(f"{at}['x'][0] is {_short(xs[0])}; expected a non-empty string of characters")
         seq = self.width or 0
         if not all(isinstance(s, str) for s in xs) or any(len(s) != seq for s in xs):
             r = next(i for i, s in enumerate(xs) if not isinstance(s, str) or len(s) != seq)
