@@ -6,7 +6,8 @@ and where their files are.
   training row (LEAF's user split, a TFF client whose snippets are all shorter than a window) trains
   nothing: its test rows, if any, stay in the global test set and belong to no client.
 * :func:`natural_groups`: the clients' training rows and their own test rows as
-  :class:`hpcfl.data.partition.Groups`, from the per-user row counts, in linear time.
+  :class:`hpcfl.data.partition.Groups`, from where each user's rows are (a reader may keep the rows
+  in the order it read them: LEAF's in file order), in linear time plus one sort of the ids.
 * :func:`resolve`, :func:`listing`, :func:`paths_check`: a ``train``/``test`` option is a file or a
   folder, absolute or relative to ``data.root`` (as ``data.npz.file``).
 """
@@ -30,46 +31,52 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - sizes), sizes) + np.arange(total, dtype=np.int64)
 
 
-def natural_groups(train_ids: list, train_sizes, test_ids: list | None = None,
+def natural_groups(train_ids: list, train_starts, train_sizes, test_ids: list | None = None, test_starts=None,
                    test_sizes=None) -> tuple[Groups, Groups | None, list]:
-    """The clients and their own test rows from per-user row counts.
+    """The clients and their own test rows from where each user's rows are.
 
     Parameters
     ----------
     train_ids : list, length U
-        User ids in ascending order; the training set holds their rows in this order.
-    train_sizes : array of int, shape (U,)
-        Training rows per user (0: the user is no client).
-    test_ids : list, length V, or None
-        User ids of the test set in ascending order; it holds their rows in this order.
-    test_sizes : array of int, shape (V,), or None
+        User ids, in any order (each once).
+    train_starts, train_sizes : array of int, shape (U,)
+        Each user's first row in the training set and its row count (0: the user is no client);
+        a user's rows are consecutive.
+    test_ids, test_starts, test_sizes : the same for the test set, or None
 
     Returns
     -------
     clients : Groups
-        Client i's training rows (sorted), for the K users with rows.
+        Client i's training rows (ascending), for the K users with rows, in ascending id order.
     own_test : Groups or None
-        Client i's test rows (sorted; none for a client absent from the test set); None when no
+        Client i's test rows (ascending; none for a client absent from the test set); None when no
         client has any (per-client evaluation then draws its rows, :mod:`hpcfl.data.client_test`).
     ids : list, length K
         The clients' user ids, in client order.
     """
     sizes = np.asarray(train_sizes, dtype=np.int64)
-    keep = np.flatnonzero(sizes > 0)
+    starts = np.asarray(train_starts, dtype=np.int64)
+    keep = np.array([i for i in sorted(range(len(train_ids)), key=train_ids.__getitem__) if sizes[i] > 0],
+                    dtype=np.int64)
     ids = [train_ids[i] for i in keep]
     kept = sizes[keep]
-    clients = Groups(np.arange(int(kept.sum()), dtype=np.int64), kept)
+    clients = Groups(_ranges(starts[keep], kept), kept)
     if test_ids is None:
         return clients, None, ids
     tsizes = np.asarray(test_sizes, dtype=np.int64)
-    tstarts = np.cumsum(tsizes) - tsizes
+    tstarts = np.asarray(test_starts, dtype=np.int64)
     where = {u: j for j, u in enumerate(test_ids)}
     j = np.fromiter((where.get(u, -1) for u in ids), dtype=np.int64, count=len(ids))
     own = np.where(j >= 0, tsizes[j], 0)
     if not own.any():
         return clients, None, ids
-    starts = np.where(j >= 0, tstarts[j], 0)
-    return clients, Groups(_ranges(starts, own), own), ids
+    return clients, Groups(_ranges(np.where(j >= 0, tstarts[j], 0), own), own), ids
+
+
+def consecutive(sizes) -> np.ndarray:
+    """Each user's first row when the users' rows follow one another in order: (U,) int64."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    return np.cumsum(sizes) - sizes
 
 
 # ------------------------------------------------------------------------- paths

@@ -17,15 +17,19 @@ in LEAF) and y the next character; both become ids over ``vocab`` (:mod:`hpcfl.d
 
 Every user with training rows is a client, in ascending id order (:mod:`hpcfl.data.clients`), and
 its rows in the test files are its own test rows. Each file is parsed whole (the standard library's
-``json``) and then converted user by user to numpy, the Python objects of a user dropped as soon as
-it is converted: at most one file's objects are held, and the arrays are joined once at the end.
-A malformed file is a :class:`DataError` naming the file, the user and the field.
+``json``) and then converted user by user into one float32 block for the file, the Python objects
+of a user dropped as soon as it is converted: at most one file's objects are held. The rows stay in
+the order they were read (file by file; the clients' index arrays say where each user's are), so
+the blocks are joined by copying each into the split's array and freeing it at once: the data is
+held about once, not twice. A malformed file is a :class:`DataError` naming the file, the user and
+the field.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,15 +135,23 @@ class SplitReader:
     def __init__(self, opts: LeafOptions, codec: CharCodec | None, width: int | None = None,
                  words: dict[str, int] | None = None):
         self.opts, self.codec, self.width, self.words = opts, codec, width, words
-        self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.blocks: list[tuple[np.ndarray, np.ndarray]] = []   # one (x, y) per file with rows, in read order
+        self.ids: list[str] = []                                # every user, in read order
+        self.starts: list[int] = []                             # its first row in the split
+        self.sizes: list[int] = []
         self.where: dict[str, str] = {}
+        self.total = 0
 
     def read(self, path: str) -> None:
         doc = parse(path)
         data = doc["user_data"] if isinstance(doc.get("user_data"), dict) else None
-        for u, n in layout(path, doc):
+        users = layout(path, doc)
+        rows_in_file = sum(n for _, n in users)
+        bx = by = None
+        at = 0
+        for u, n in users:
             rows = data.pop(u)   # the user's Python objects go as soon as it is converted
-            if u in self.rows:
+            if u in self.where:
                 raise DataError(f"{path}: user {u!r} is also in {self.where[u]}; a user's rows of one split "
                                 f"belong in one file")
             if not isinstance(rows, dict) or "x" not in rows or "y" not in rows:
@@ -152,14 +164,42 @@ class SplitReader:
                 if len(val) != n:
                     raise DataError(f"{path}: user {u!r}: num_samples says {n} rows but user_data[{u!r}][{key!r}] "
                                     f"has {len(val)}")
-            at = f"{path}: user_data[{u!r}]"
+            name = f"{path}: user_data[{u!r}]"
             if self.words is not None:
-                self.rows[u] = (self._tokens(at, xs), labels(at, ys))
+                x, y = self._tokens(name, xs), labels(name, ys)
             elif self.codec is None:
-                self.rows[u] = (self._image(at, xs), labels(at, ys))
+                x, y = self._image(name, xs), labels(name, ys)
             else:
-                self.rows[u] = self._chars(at, xs, ys)
+                x, y = self._chars(name, xs, ys)
+            if n:
+                if bx is None:   # the row length is known from the file's first user with rows
+                    bx = _scratch((rows_in_file, *x.shape[1:]), np.float32)
+                    by = _scratch((rows_in_file,), np.int64)
+                bx[at:at + n], by[at:at + n] = x, y
+            self.ids.append(u)
+            self.starts.append(self.total + at)
+            self.sizes.append(n)
             self.where[u] = path
+            at += n
+        if bx is not None:
+            self.blocks.append((bx, by))
+        self.total += rows_in_file
+
+    def join(self, shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The split's x (rows, *shape) float32 and y (rows,) int64, in read order. Each file's block is
+        freed as soon as it is copied, and the output's pages are touched only as they are written: the
+        resident memory stays near one copy of the data."""
+        x = np.empty((self.total, *shape), dtype=np.float32)
+        y = np.empty(self.total, dtype=np.int64)
+        at = 0
+        while self.blocks:
+            bx, by = self.blocks.pop(0)
+            n = len(by)
+            x[at:at + n] = bx.reshape(n, *shape)
+            y[at:at + n] = by
+            at += n
+            del bx, by
+        return x, y
 
     def _image(self, at: str, xs: list) -> np.ndarray:
         """(n, width) float32 from a list of n number lists."""
@@ -224,6 +264,16 @@ class SplitReader:
         return ids
 
 
+def _scratch(shape: tuple, dtype) -> np.ndarray:
+    """An empty array in an anonymous memory map of its own, returned to the system the moment it is
+    dropped (a block malloc gives may stay resident after it is freed: glibc serves blocks below its
+    dynamic mmap threshold, which rises to the largest block freed, from the heap)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if size == 0:
+        return np.empty(shape, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
+
+
 def labels(at: str, ys: list) -> np.ndarray:
     """(n,) int64 from a list of n integer labels (integral floats accepted), each >= 0."""
     try:
@@ -263,24 +313,11 @@ def _bad_row(at: str, xs: list, width: int) -> str:
     return f"{at}['x'] is not a list of rows of {width} numbers"
 
 
-def read_split(paths: list[str], opts: LeafOptions, codec, width, words=None):
+def read_split(paths: list[str], opts: LeafOptions, codec, width, words=None) -> SplitReader:
     reader = SplitReader(opts, codec, width, words)
     for p in paths:
         reader.read(p)
-    ids = sorted(reader.rows)
-    sizes = np.array([len(reader.rows[u][1]) for u in ids], dtype=np.int64)
-    return reader, ids, sizes
-
-
-def _join(reader: SplitReader, ids: list, k: int, width_shape: tuple) -> np.ndarray:
-    """Array ``k`` (0: x, 1: y) of every user in ``ids`` order, in one concatenation; users without rows
-    add none (their empty x may predate the row width)."""
-    parts = [reader.rows[u][k] for u in ids if len(reader.rows[u][1])]
-    if not parts:
-        return np.zeros((0, *width_shape), dtype=np.float32 if k == 0 else np.int64)
-    out = np.concatenate(parts)
-    parts.clear()
-    return out
+    return reader
 
 
 def load_leaf(opts: LeafOptions, root: str | None, seed: int) -> Dataset:
@@ -291,10 +328,10 @@ def load_leaf(opts: LeafOptions, root: str | None, seed: int) -> Dataset:
     codec = CharCodec(opts.vocab, opts.unknown) if opts.features == "chars" else None
     words = read_vocab(resolve(opts.vocab_file, root)) if opts.features == "tokens" else None
     width = int(np.prod(opts.image_shape)) if opts.image_shape and opts.features == "image" else None
-    tr, tr_ids, tr_sizes = read_split(train_files, opts, codec, width, words)
-    te, te_ids, te_sizes = read_split(test_files, opts, codec, tr.width, words)
-    if tr_sizes.sum() == 0 or te_sizes.sum() == 0:
-        split, files = ("data.leaf.train", train_files) if tr_sizes.sum() == 0 else ("data.leaf.test", test_files)
+    tr = read_split(train_files, opts, codec, width, words)
+    te = read_split(test_files, opts, codec, tr.width, words)
+    if tr.total == 0 or te.total == 0:
+        split, files = ("data.leaf.train", train_files) if tr.total == 0 else ("data.leaf.test", test_files)
         raise DataError(f"{split}: no rows in {', '.join(files)}; expected LEAF files with users' rows")
     if codec is not None:
         shape = (tr.width,)
@@ -302,12 +339,9 @@ def load_leaf(opts: LeafOptions, root: str | None, seed: int) -> Dataset:
         shape = (opts.seq_len,)
     else:
         shape = tuple(opts.image_shape) or (tr.width,)
-    # both splits' per-user arrays are joined once, in client order; then the per-user ones go
-    x_train, y_train = _join(tr, tr_ids, 0, shape), _join(tr, tr_ids, 1, ())
-    x_test, y_test = _join(te, te_ids, 0, shape), _join(te, te_ids, 1, ())
-    tr.rows.clear()
-    te.rows.clear()
-    clients, own_test, _ = natural_groups(tr_ids, tr_sizes, te_ids, te_sizes)
+    x_train, y_train = tr.join(shape)
+    x_test, y_test = te.join(shape)
+    clients, own_test, _ = natural_groups(tr.ids, tr.starts, tr.sizes, te.ids, te.starts, te.sizes)
     if codec is not None:
         needed, why = codec.size, f"the {codec.size} character ids"
     else:
@@ -316,6 +350,5 @@ def load_leaf(opts: LeafOptions, root: str | None, seed: int) -> Dataset:
     if num_classes < needed:
         raise DataError(f"data.leaf.num_classes = {opts.num_classes} is too small for {why}; set it to at least "
                         f"{needed}, or 0 to have it found")
-    return Dataset(name="leaf", x_train=x_train.reshape(-1, *shape), y_train=y_train,
-                   x_test=x_test.reshape(-1, *shape), y_test=y_test, num_classes=num_classes,
-                   input_shape=shape, natural_clients=clients, natural_test=own_test)
+    return Dataset(name="leaf", x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                   num_classes=num_classes, input_shape=shape, natural_clients=clients, natural_test=own_test)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import DataError
 from .chars import LEAF_CHARS, UNKNOWN, CharCodec, vocab_problems, windows
-from .clients import listing, natural_groups, resolve
+from .clients import consecutive, listing, natural_groups, resolve
 from .container import Dataset
 from .disk import _open
 
@@ -264,7 +264,8 @@ def load_tff(opts: TffOptions, root: str | None, seed: int) -> Dataset:
     if num_classes < needed:
         raise DataError(f"data.tff.num_classes = {opts.num_classes} is too small for {why}; set it to at least "
                         f"{needed}, or 0 to have it found")
-    clients, own_test, _ = natural_groups(tr_ids, tr_sizes, te_ids, te_sizes)
+    clients, own_test, _ = natural_groups(tr_ids, consecutive(tr_sizes), tr_sizes, te_ids, consecutive(te_sizes),
+                                          te_sizes)
     return Dataset(name="tff", x_train=xtr.reshape(-1, *shape), y_train=ytr, x_test=xte.reshape(-1, *shape),
                    y_test=yte, num_classes=num_classes, input_shape=shape, natural_clients=clients,
                    natural_test=own_test)

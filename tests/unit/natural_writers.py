@@ -31,9 +31,10 @@ def image_rows(tag: int, n: int, width: int = 4) -> list:
 
 
 # The tiny LEAF image set of the tests: 3 training users over 2 files, out of id order, and test rows
-# for two of them plus one user with test rows only. Sorted ids: "u1" < "u10" < "u2", so client 0 is
-# u1 (3 rows), client 1 is u10 (2 rows), client 2 is u2 (4 rows); the test set is u1 (1 row), u2 (2),
-# u9 (1): client 0's own test row is 0, client 1 has none, client 2's are 1 and 2; row 3 is no client's.
+# for two of them plus one user with test rows only. The rows stay as read: training rows 0-3 are u2's,
+# 4-5 u10's, 6-8 u1's; test rows 0-1 u2's, 2 u9's, 3 u1's. Sorted ids: "u1" < "u10" < "u2", so client 0
+# is u1 (rows 6-8, own test row 3), client 1 u10 (rows 4-5, no test row), client 2 u2 (rows 0-3, own
+# test rows 0-1); test row 2 is no client's.
 LEAF_TRAIN = {
     "all_data_0_niid_0_keep_0_train_9.json": {"u2": (image_rows(2, 4), [1, 2, 2, 3]),
                                               "u10": (image_rows(10, 2), [0, 0])},

@@ -9,7 +9,7 @@ from natural_writers import write_leaf_images
 from runner import job
 
 from hpcfl import config
-from hpcfl.data.client_test import own_test_pairs
+from hpcfl.data.client_test import client_test_pairs, own_test_pairs
 from hpcfl.data.partition import Groups
 from hpcfl.engine import simulation
 
@@ -45,14 +45,18 @@ def test_each_clients_accuracy_is_a_hand_count_over_its_own_test_rows(tmp_path):
     ds = setup.dataset
     pred = (ds.x_test.astype(np.float64) @ w.T + b).argmax(axis=1)
     hit = pred == ds.y_test
-    assert acc[0] == hit[0] / 1 and np.isnan(acc[1]) and acc[2] == (hit[1] + hit[2]) / 2
+    # u1 owns test row 3, u10 none, u2 rows 0 and 1 (natural_writers: the rows as the files list them)
+    assert [list(t) for t in ds.natural_test] == [[3], [], [0, 1]]
+    assert acc[0] == hit[3] / 1 and np.isnan(acc[1]) and acc[2] == (hit[0] + hit[1]) / 2
     logits = torch.from_numpy(ds.x_test.astype(np.float64) @ w.T + b)
     each = torch.nn.functional.cross_entropy(logits, torch.from_numpy(ds.y_test), reduction="none").numpy()
-    assert loss[0] == np.float64(each[0]) and np.isnan(loss[1])
-    assert abs(loss[2] - (each[1] + each[2]) / 2) < 1e-12
+    assert loss[0] == np.float64(each[3]) and np.isnan(loss[1])
+    assert abs(loss[2] - (each[0] + each[1]) / 2) < 1e-12
 
 
 def test_another_partition_draws_the_rows_with_the_clients_label_mix(tmp_path):
     table = leaf_job(write_leaf_images(tmp_path), **{"data.partition": "iid", "run.eval_clients_min": 2})
     setup = simulation.prepare(config.from_dict(table), MPI.COMM_SELF)
-    assert setup.notes == () and (setup.client_eval.sizes >= 2).all()
+    drawn = client_test_pairs(setup.dataset.y_test, setup.class_counts, 3, 2)
+    assert setup.notes == () and setup.client_eval.sizes.tolist() == drawn[0].tolist()
+    assert setup.client_eval.sample.tolist() == drawn[1].tolist()

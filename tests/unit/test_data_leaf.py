@@ -31,18 +31,19 @@ def load(root, **opts):
 
 def test_users_become_clients_in_sorted_id_order_with_their_own_test_rows(tmp_path):
     ds = load(write_leaf_images(tmp_path), image_shape=[1, 2, 2])
-    # "u1" < "u10" < "u2": u1 (3 rows, file 2), u10 (2 rows), u2 (4 rows), each user's rows in file order
-    assert [list(c) for c in ds.natural_clients] == [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
-    assert ds.x_train[:, 0, 0, :].tolist() == [[1, 0], [1, 1], [1, 2], [10, 0], [10, 1], [2, 0], [2, 1], [2, 2],
-                                               [2, 3]]
-    assert ds.y_train.tolist() == [4, 1, 0, 0, 0, 1, 2, 2, 3]
-    # test set: u1 (1 row), u2 (2), u9 (1, no client's); u10 has none
-    assert ds.x_test[:, 0, 0, 0].tolist() == [1, 2, 2, 9] and ds.y_test.tolist() == [4, 2, 3, 1]
-    assert [list(t) for t in ds.natural_test] == [[0], [], [1, 2]]
+    # rows as read: file 0 holds u2 (4 rows) then u10 (2), file 1 u1 (3)
+    assert ds.x_train[:, 0, 0, :].tolist() == [[2, 0], [2, 1], [2, 2], [2, 3], [10, 0], [10, 1], [1, 0], [1, 1],
+                                               [1, 2]]
+    assert ds.y_train.tolist() == [1, 2, 2, 3, 0, 0, 4, 1, 0]
+    # clients by id, "u1" < "u10" < "u2"
+    assert [list(c) for c in ds.natural_clients] == [[6, 7, 8], [4, 5], [0, 1, 2, 3]]
+    # test set: u2 (2 rows), u9 (1, no client's), u1 (1); u10 has none
+    assert ds.x_test[:, 0, 0, 0].tolist() == [2, 2, 9, 1] and ds.y_test.tolist() == [2, 3, 1, 4]
+    assert [list(t) for t in ds.natural_test] == [[3], [], [0, 1]]
     assert ds.input_shape == (1, 2, 2) and ds.num_classes == 5 and ds.x_train.dtype == np.float32
     assert ds.x_train[0, 0, 1].tolist() == [0.5, 0.25]
     parts = data.make_partition("natural", ds.y_train, 3, None, 0, ds)
-    assert [list(p) for p in parts] == [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+    assert [list(p) for p in parts] == [[6, 7, 8], [4, 5], [0, 1, 2, 3]]
     with pytest.raises(ConfigError, match=r"data.num_clients = 4, but 'leaf' has 3 natural clients; set "
                                           r"data.num_clients = 3"):
         data.make_partition("natural", ds.y_train, 4, None, 0, ds)
@@ -52,7 +53,7 @@ def test_flat_rows_single_files_and_paths_relative_to_root_or_absolute(tmp_path)
     root = write_leaf_images(tmp_path)
     ds = load(root, train="train/all_data_1_niid_0_keep_0_train_9.json", num_classes=10)
     assert ds.input_shape == (4,) and ds.x_train.shape == (3, 4) and ds.num_classes == 10
-    assert [list(c) for c in ds.natural_clients] == [[0, 1, 2]] and [list(t) for t in ds.natural_test] == [[0]]
+    assert [list(c) for c in ds.natural_clients] == [[0, 1, 2]] and [list(t) for t in ds.natural_test] == [[3]]
     absolute = load(None, train=os.path.join(root, "train"), test=os.path.join(root, "test"))
     assert absolute.x_train.shape == (9, 4)
 
@@ -79,12 +80,13 @@ def test_shakespeare_characters_become_ids_over_leafs_vocabulary(tmp_path):
     write_leaf(tmp_path / "test", {"t.json": {"amy": shakespeare_rows("Alas!\n poor", seq)}})
     ds = load(tmp_path, features="chars")
     assert ds.input_shape == (seq,) and ds.num_classes == 80 and len(LEAF_CHARS) == 80
-    assert [len(c) for c in ds.natural_clients] == [8, 8]      # amy before bob
+    # rows as read (bob's 8, then amy's 8); clients by id: amy, bob
+    assert [list(c) for c in ds.natural_clients] == [list(range(8, 16)), list(range(8))]
     ids = [LEAF_CHARS.index(c) for c in "What?"]
-    assert ds.x_train[0].tolist() == ids and ds.y_train[0] == LEAF_CHARS.index(" ")
-    assert ds.x_train[8].tolist() == [LEAF_CHARS.index(c) for c in "To be"] and ds.y_train[8] == LEAF_CHARS.index(",")
+    assert ds.x_train[8].tolist() == ids and ds.y_train[8] == LEAF_CHARS.index(" ")
+    assert ds.x_train[0].tolist() == [LEAF_CHARS.index(c) for c in "To be"] and ds.y_train[0] == LEAF_CHARS.index(",")
     assert LEAF_CHARS.index("\n") == 0 and LEAF_CHARS.index("}") == 79
-    assert ds.y_train[7] == 79 and ds.y_test.tolist()[:2] == [LEAF_CHARS.index("\n"), LEAF_CHARS.index(" ")]
+    assert ds.y_train[15] == 79 and ds.y_test.tolist()[:2] == [LEAF_CHARS.index("\n"), LEAF_CHARS.index(" ")]
     assert [list(t) for t in ds.natural_test] == [list(range(6)), []]
 
 
