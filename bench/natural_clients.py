@@ -17,8 +17,8 @@ them), so that writing 10k clients takes seconds while each row still is 784 num
 file has one group per client, ``pixels`` float32 (n, 28, 28) and ``label`` int32 (n,).
 
 What to expect (the check of linearity): load time and the RSS above the imports grow in proportion
-to N. LEAF's peak holds one file's Python objects and, when the users' arrays are joined, the data
-twice; TFF's holds the data once.
+to N. Both hold the data about once at their peak; LEAF's adds one file's Python objects (bounded by
+``--users-per-file``, not by N).
 """
 
 from __future__ import annotations
