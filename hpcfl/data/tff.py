@@ -130,10 +130,11 @@ def _open_features(f, ex, path: str, cid: str, names: tuple, kinds: tuple, what:
     try:
         g = h5g.open(ex.id, cid.encode())
         found = [h5d.open(g, n.encode()) for n in names]
-    except (KeyError, ValueError, OSError, TypeError):
+    except (KeyError, ValueError, OSError, TypeError) as e:
         for n, k, w in zip(names, kinds, what):
             feature(ex, path, cid, n, k, w)   # raises the DataError that names the problem
-        raise
+        raise DataError(f"{path}: client {cid!r}, features {', '.join(names)} cannot be opened ({e}); expected "
+                        f"{_LAYOUT}") from None
     for d, n, k, w in zip(found, names, kinds, what):
         if not d.shape or d.dtype.kind not in k:
             feature(ex, path, cid, n, k, w)
