@@ -79,7 +79,7 @@ PARTITIONS: dict[str, PartitionSpec] = {
         _pl.NonBalanceOptions, _pl.nonbalance, "FedGSNR NonBalance: abundant/medium/less clients"
     ),
     "pareto": PartitionSpec(_pl.ParetoOptions, _pl.pareto, "FedGSNR Pareto class counts (80/20)"),
-    "natural": PartitionSpec(_p.NaturalOptions, _p.natural, "the dataset's own clients (synthetic)"),
+    "natural": PartitionSpec(_p.NaturalOptions, _p.natural, "the dataset's own clients (synthetic, leaf, tff, npz with client)"),
 }
 
 

@@ -211,7 +211,7 @@ class JobRun:
         if any(d != "cpu" for d, _ in placed):   # which GPU each rank took (docs/guide.md, "Devices")
             for _, line in placed:
                 print(f"hpcfl: {line}", flush=True)
-        for note in (*cfg.notes, *notices.start_notes(cfg), *s.algo.notes):
+        for note in (*cfg.notes, *notices.start_notes(cfg), *s.algo.notes, *s.notes):
             print(f"hpcfl: note: {note}", flush=True)
 
     # ---- 4. loop -----------------------------------------------------------------------------

@@ -135,6 +135,12 @@ MODELS: dict[str, ModelSpec] = {
         "2-layer LSTM(64) + FC for keyword spotting; 61,066 params on 40 features (Chen et al. 2023, GIFT).",
         o.lstm_fits,
     ),
+    "char_lstm": _register(
+        "char_lstm", o.CharLstmOptions, "rnn:build_char_lstm",
+        "8-dim character embedding + 2-layer LSTM(256) + FC, next character; 819,920 params over LEAF's 80 "
+        "characters (Caldas et al. 2018, LEAF Shakespeare).",
+        o.char_fits,
+    ),
     "quadratic": _register(
         "quadratic", o.QuadraticModelOptions, "quadratic:build_quadratic",
         "quadratic objectives of FedNova (Wang et al. 2020) and GIFT (Chen et al. 2023); use with data.dataset = quadratic.",
