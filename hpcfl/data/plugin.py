@@ -14,9 +14,10 @@ Dataset contract::
 
 numpy arrays or torch tensors. ``client`` ids may be any integers: the sorted distinct ids are
 clients 0..K-1 (client 0 is the smallest id), so ``data.partition = "natural"`` with
-``data.num_clients = K`` gives client k the rows of the k-th smallest id. ``client_test`` is
-checked (one id per test row, each an id of ``client``) but not used yet: per-client evaluation
-draws each client's test rows from the test set (docs/results.md).
+``data.num_clients = K`` gives client k the rows of the k-th smallest id, as an npz's ``client``
+array does (:func:`hpcfl.data.files.npz_clients`). ``client_test`` gives each client its own test
+rows, which per-client evaluation then uses; a test row whose id is no training client's stays in
+the global test set only (as a LEAF test user who is no training user).
 
 Partition contract::
 
@@ -39,6 +40,7 @@ import numpy as np
 from ..errors import ConfigError, DataError, nearest
 from ..plugins import Plugin, raised_at
 from .container import Dataset, check_arrays
+from .files import npz_clients
 
 REQUIRED = ("x", "y", "x_test", "y_test")
 OPTIONAL = ("client", "client_test", "num_classes")
@@ -94,16 +96,17 @@ def load(plugin: Plugin, options, seed: int) -> Dataset:
                         f"both must hold samples of one shape")
     top = int(max(y.max(), yt.max() if yt.size else 0))
     num_classes = _num_classes(plugin, got.get("num_classes"), top)
-    natural = None
+    natural = own_test = None
     if got.get("client") is not None:
         test = got.get("client_test")
-        natural = _clients(plugin, _array(plugin, "client", got["client"]), len(y),
-                           None if test is None else _array(plugin, "client_test", test), len(yt))
+        natural, own_test = _clients(plugin, _array(plugin, "client", got["client"]), len(y),
+                                     None if test is None else _array(plugin, "client_test", test), len(yt))
     elif got.get("client_test") is not None:
         raise DataError(f"{plugin.label} returned client_test without client; give both or neither")
     return Dataset(plugin.name, np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(y, dtype=np.int64),
                    np.ascontiguousarray(xt, dtype=np.float32), np.ascontiguousarray(yt, dtype=np.int64),
-                   num_classes, tuple(int(s) for s in x.shape[1:]), natural_clients=natural)
+                   num_classes, tuple(int(s) for s in x.shape[1:]), natural_clients=natural,
+                   natural_test=own_test)
 
 
 def _num_classes(plugin: Plugin, given, top: int) -> int:
@@ -116,23 +119,16 @@ def _num_classes(plugin: Plugin, given, top: int) -> int:
     return int(value)
 
 
-def _clients(plugin: Plugin, client: np.ndarray, n: int, client_test, m: int) -> tuple[np.ndarray, ...]:
-    """Per-client training index arrays, clients in the order of their sorted distinct ids."""
+def _clients(plugin: Plugin, client: np.ndarray, n: int, client_test, m: int):
+    """(clients' training rows, their own test rows or None), clients in the order of their sorted
+    distinct ids, after checking each id array's shape and dtype."""
     for key, ids, rows in (("client", client, n), ("client_test", client_test, m)):
         if ids is None:
             continue
         if ids.ndim != 1 or ids.dtype.kind not in "iu" or len(ids) != rows:
             raise DataError(f"{plugin.label}: {key} is {ids.dtype} of shape {ids.shape}; expected one integer client "
                             f"id per {'training' if key == 'client' else 'test'} row, shape ({rows},)")
-    ids, owner = np.unique(client, return_inverse=True)
-    if client_test is not None:
-        unknown = np.setdiff1d(client_test, ids)
-        if unknown.size:
-            raise DataError(f"{plugin.label}: client_test has id {int(unknown[0])}, which no training row has; every "
-                            f"test row's client must have training rows")
-    order = np.argsort(owner, kind="stable")   # rows of each client ascending, clients in id order
-    ends = np.cumsum(np.bincount(owner, minlength=len(ids)))
-    return tuple(np.split(order.astype(np.int64), ends[:-1]))
+    return npz_clients(client.astype(np.int64), None if client_test is None else client_test.astype(np.int64))
 
 
 def split(plugin: Plugin, labels: np.ndarray, num_clients: int, options, seed: int) -> list[np.ndarray]:
