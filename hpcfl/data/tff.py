@@ -125,7 +125,8 @@ def _open_features(f, ex, path: str, cid: str, names: tuple, kinds: tuple, what:
     """The datasets ``examples/<cid>/<name>`` as low-level DatasetIDs, the client's group opened once
     (h5py's objects cost about 0.1 ms each: at 100k clients, seconds); where one fails or has no rows or
     another kind of dtype, :func:`feature` says why."""
-    from h5py import h5d, h5g   # h5py is imported when a file is read, not with hpcfl.data
+    # h5py is imported when a file is read, not with hpcfl.data
+    from h5py import h5d, h5g
 
     try:
         g = h5g.open(ex.id, cid.encode())

@@ -141,8 +141,8 @@ def _client_eval(cfg, ds, counts):
     none = int(np.count_nonzero(client_eval.sizes == 0))
     if not none:
         return client_eval, []
-    return client_eval, [f"per-client evaluation uses each client's own test rows; {none} of {client_eval.n} "
-                         f"clients have none in the test file(s): their /client_eval accuracy and loss are NaN"]
+    return client_eval, [(f"per-client evaluation uses each client's own test rows; {none} of {client_eval.n} "
+                          f"clients have none in the test file(s): their /client_eval accuracy and loss are NaN")]
 
 
 def _check_ids(cfg, module, ds) -> None:

@@ -33,8 +33,8 @@ def leaf_job(root, **over):
 def test_each_clients_accuracy_is_a_hand_count_over_its_own_test_rows(tmp_path):
     setup = simulation.prepare(config.from_dict(leaf_job(write_leaf_images(tmp_path))), MPI.COMM_SELF)
     assert setup.client_eval.sizes.tolist() == [1, 0, 2]
-    assert setup.notes == ("per-client evaluation uses each client's own test rows; 1 of 3 clients have none in the "
-                           "test file(s): their /client_eval accuracy and loss are NaN",)
+    assert setup.notes == (("per-client evaluation uses each client's own test rows; 1 of 3 clients have none in "
+                            "the test file(s): their /client_eval accuracy and loss are NaN"),)
     evals = []
     x = simulation.run(setup, on_eval=lambda r, acc, loss: evals.append((r, acc.copy(), loss.copy())))
     assert [r for r, _, _ in evals] == [1, 2]

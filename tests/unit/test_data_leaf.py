@@ -124,16 +124,16 @@ MALFORMED = {
     "missing_key": (lambda d: d.pop("num_samples"), r"lacks the key num_samples"),
     "count_mismatch": (lambda d: d["num_samples"].__setitem__(0, 3),
                        r"user 'u': num_samples says 3 rows but user_data\['u'\]\['x'\] has 2"),
-    "y_shorter": (lambda d: d["user_data"]["u"]["y"].pop(), r"user 'u': num_samples says 2 rows but "
-                                                             r"user_data\['u'\]\['y'\] has 1"),
+    "y_shorter": (lambda d: d["user_data"]["u"]["y"].pop(), (r"user 'u': num_samples says 2 rows but "
+                                                              r"user_data\['u'\]\['y'\] has 1")),
     "listed_user_missing": (lambda d: (d["users"].append("v"), d["num_samples"].append(1)),
                             r"user 'v' is in users but not in user_data"),
     "unlisted_user": (lambda d: d["user_data"].__setitem__("w", {"x": [], "y": []}),
                       r"user 'w' is in user_data but not in users"),
     "users_counts_lengths": (lambda d: d["num_samples"].append(4), r"users lists 1 users but num_samples 2"),
     "no_y": (lambda d: d["user_data"]["u"].pop("y"), r"user_data\['u'\] needs keys x and y \(has x\)"),
-    "short_row": (lambda d: d["user_data"]["u"]["x"][1].pop(), r"user_data\['u'\]\['x'\]\[1\] has 3 values; "
-                                                                r"expected 4"),
+    "short_row": (lambda d: d["user_data"]["u"]["x"][1].pop(), (r"user_data\['u'\]\['x'\]\[1\] has 3 values; "
+                                                                 r"expected 4")),
     "string_value": (lambda d: d["user_data"]["u"]["x"][1].__setitem__(2, "0.5"),
                      r"user_data\['u'\]\['x'\]\[1\]\[2\] is '0.5' \(a str\); expected a number"),
     "null_value": (lambda d: d["user_data"]["u"]["x"][0].__setitem__(3, None),
@@ -185,8 +185,8 @@ def test_rows_of_another_length_in_the_test_split_and_missing_paths(tmp_path):
         load(tmp_path)
     spec = data.DATASETS["leaf"]
     problems = spec.files(data.dataset_options("leaf")(), str(tmp_path / "nowhere"))
-    assert problems == [f"data.root = {str(tmp_path / 'nowhere')!r} is not a directory (data.leaf.train is read "
-                        f"from it)"]
+    assert problems == [(f"data.root = {str(tmp_path / 'nowhere')!r} is not a directory (data.leaf.train is read "
+                         f"from it)")]
     (tmp_path / "empty").mkdir()
     problems = spec.files(data.dataset_options("leaf")(), str(tmp_path / "empty"))
     assert len(problems) == 2 and "data.leaf.train:" in problems[0] and "data.leaf.test:" in problems[1]

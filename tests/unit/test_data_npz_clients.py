@@ -48,8 +48,8 @@ def test_the_seeded_held_out_rows_keep_their_clients(tmp_path):
 
 
 @pytest.mark.parametrize("arrays, message", [
-    ({"client": np.arange(5)}, r"client has dtype int64 and shape \(5,\); expected one integer client id per row, "
-                               r"shape \(4,\)"),
+    ({"client": np.arange(5)}, (r"client has dtype int64 and shape \(5,\); expected one integer client id per "
+                                r"row, shape \(4,\)")),
     ({"client": np.zeros(4)}, r"client has dtype float64"),
     ({"client_test": np.zeros(2, int), "x_test": np.zeros((2, 2)), "y_test": np.zeros(2, int)},
      r"lacks client \(client_test names"),

@@ -8,7 +8,13 @@ import os
 import h5py
 import numpy as np
 import pytest
-from natural_writers import TFF_TEST, TFF_TRAIN, emnist_client, write_tff, write_tff_emnist
+from natural_writers import (
+    TFF_TEST,
+    TFF_TRAIN,
+    emnist_client,
+    write_tff,
+    write_tff_emnist,
+)
 
 from hpcfl import data
 from hpcfl.config import options
