@@ -192,18 +192,38 @@ def register_preset(name: str, slots: dict[str, str], label: str | None = None) 
 ALGORITHMS_ENV = "HPCFL_ALGORITHMS"
 
 
+PLUGIN_ERRORS: list[str] = []   # why a module of $HPCFL_ALGORITHMS could not be imported (check_plugins)
+
+
 def _import_plugins() -> None:
     """Import the modules named in ``$HPCFL_ALGORITHMS`` (comma-separated), which call :func:`register`.
 
     Here, at the end of the registry, so that every reader of the tables (the job's checks, the
-    engine, the legends) sees them, on every rank alike (mpiexec passes the environment on).
+    engine, the legends) sees them, on every rank alike (mpiexec passes the environment on). A
+    module that cannot be imported is not raised here, at the import of hpcfl (a traceback from
+    inside Python's import machinery, exit 1): :func:`check_plugins` raises it as a ConfigError when
+    a job is read, one line on every rank, exit 2. Modules are looked for in ``sys.path``, then the
+    current folder (:func:`hpcfl.plugins.import_module`).
     """
+    from ..errors import ConfigError
+    from ..plugins import import_module
+
     for module in filter(None, (m.strip() for m in os.environ.get(ALGORITHMS_ENV, "").split(","))):
         try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ImportError(f"${ALGORITHMS_ENV} names {module!r}, which cannot be imported ({e}); put its folder "
-                              f"on PYTHONPATH or unset {ALGORITHMS_ENV}") from e
+            import_module(module, f"${ALGORITHMS_ENV} names {module!r}", (),
+                          "put the folder that holds {top}.py (or the package {top}/) on PYTHONPATH, or run hpcfl "
+                          "from that folder")
+        except ConfigError as exc:
+            PLUGIN_ERRORS.extend(p + f" (or unset {ALGORITHMS_ENV})" for p in exc.problems)
+
+
+def check_plugins() -> None:
+    """Raise ConfigError when a module of ``$HPCFL_ALGORITHMS`` could not be imported (every one
+    that failed, each with its cause and fix)."""
+    if PLUGIN_ERRORS:
+        from ..errors import ConfigError
+
+        raise ConfigError(PLUGIN_ERRORS)
 
 
 _import_plugins()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ..algorithms import registry
+from ..plugins import table_name
 
 # The presets' and policies' words are declared beside their registry entries (a new algorithm
 # brings its own); these are the same dicts, so a policy registered later is found too.
@@ -90,8 +91,9 @@ def caption(flat: dict, differing: set[str]) -> str:
     part = flat.get("data.partition")
     if same("data.dataset"):
         parts.append(str(data))
-    if part and same("data.partition", f"data.{part}"):
-        opts = {k.rsplit(".", 1)[-1]: v for k, v in flat.items() if k.startswith(f"data.{part}.")}
+    table = table_name(part) if isinstance(part, str) else part   # a plug-in's options: [data.<attribute>]
+    if part and same("data.partition", f"data.{table}"):
+        opts = {k.rsplit(".", 1)[-1]: v for k, v in flat.items() if k.startswith(f"data.{table}.")}
         parts.append(partition_words(str(part), opts))
     clients = []
     if same("data.num_clients") and "data.num_clients" in flat:
@@ -102,8 +104,8 @@ def caption(flat: dict, differing: set[str]) -> str:
     if clients:
         parts.append(", ".join(clients))
     model = flat.get("model.name")
-    if model and same("model.name", f"model.{model}"):
-        hidden = flat.get(f"model.{model}.hidden")
+    if model and same("model.name", f"model.{table_name(model) if isinstance(model, str) else model}"):
+        hidden = flat.get(f"model.{table_name(model) if isinstance(model, str) else model}.hidden")
         parts.append(f"{model} {value_text(hidden)}" if hidden is not None else str(model))
     alg = [key_words("algorithm.name", flat)] if same("algorithm.name") and "algorithm.name" in flat else []
     alg += [key_words(k, flat) for k in ("algorithm.lr", "algorithm.batch_size") if same(k) and k in flat]

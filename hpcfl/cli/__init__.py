@@ -96,7 +96,7 @@ def cmd_info(args, comm) -> int:
 def cmd_partition(args, comm) -> int:
     import dataclasses
 
-    from .. import config, data
+    from .. import config, data, plugins
     from ..analysis import words
     from ..data.preview import heatmap_png, summary
 
@@ -117,7 +117,7 @@ def cmd_partition(args, comm) -> int:
     counts = data.class_counts(ds.y_train, parts, ds.num_classes)
     try:
         split = words.partition_words(cfg.data.partition, dataclasses.asdict(cfg.partition_options),
-                                      dataclasses.asdict(type(cfg.partition_options)()))
+                                      plugins.defaults(type(cfg.partition_options)))   # a plug-in's may be required
         heatmap_png(counts, png, f"{cfg.data.dataset}: {split}, {len(parts)} clients", log=args.log)
     except OSError as exc:
         print(f"--png {png} cannot be written ({exc.strerror or exc}); choose a path in a writable directory",

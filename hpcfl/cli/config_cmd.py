@@ -25,6 +25,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import HpcflError
 from ..parallel.exits import EXIT_INPUT
@@ -245,9 +246,9 @@ def resolved_tables(cfg) -> list[tuple[str, object, str]]:
         out.append((name, getattr(cfg, name), SECTION_DOCS.get(name, "")))
         if name == "data":
             for comp, opts in ((cfg.data.dataset, cfg.dataset_options), (cfg.data.partition, cfg.partition_options)):
-                out.append((f"data.{comp}", opts, cat[f"data.{comp}"].doc))
+                out.append(_component_table("data", comp, opts, cat))
         elif name == "model":
-            out.append((f"model.{cfg.model.name}", cfg.model_options, cat[f"model.{cfg.model.name}"].doc))
+            out.append(_component_table("model", cfg.model.name, cfg.model_options, cat))
         elif name == "algorithm":
             seen = set()
             for slot, opts in cfg.policy_options.items():
@@ -256,6 +257,17 @@ def resolved_tables(cfg) -> list[tuple[str, object, str]]:
                     seen.add(comp)
                     out.append((f"algorithm.{comp}", opts, cat[f"algorithm.{comp}"].doc))
     return out
+
+
+def _component_table(section: str, name: str, opts, cat: dict) -> tuple[str, object, str]:
+    """(table name, options, doc line) of a chosen component; a plug-in's table is named after its
+    attribute and its doc line names its code (hpcfl.plugins)."""
+    from .. import plugins
+
+    plugin = plugins.of(opts)
+    if plugin is None:
+        return f"{section}.{name}", opts, cat[f"{section}.{name}"].doc
+    return f"{section}.{plugins.table_name(name)}", opts, f"{plugin.kind} of your own, {plugin.name}: {plugin.doc}"
 
 
 def table_lines(name: str, obj, doc: str, names: dict) -> list[str]:
@@ -282,12 +294,13 @@ def job_text(job, overrides: list[str]) -> str:
     from .sweep import toml_document
 
     table = config.read_job(job)
+    job_dir = Path(job).resolve().parent   # where a plug-in's module is looked for, as hpcfl run does
     sweep = table.pop("sweep") if isinstance(table.get("sweep"), dict) else None
     notes: list[str] = []
     table = config.apply_overrides(table, overrides, notes)
     missing = [name for name in ("data", "model") if name not in table]
     try:
-        cfg = config.from_dict(table)
+        cfg = config.from_dict(table, job_dir)
     except config.ConfigError as exc:
         if missing:
             raise config.ConfigError(notices.missing_tables(f"job file {str(job)!r}", missing) + exc.problems) from None
@@ -303,7 +316,7 @@ def job_text(job, overrides: list[str]) -> str:
     for name, obj, doc in resolved_tables(cfg):
         lines += table_lines(name, obj, doc, names)
     text = "\n".join(lines) + "\n"
-    _check_round_trip(text, cfg)
+    _check_round_trip(text, dataclasses.replace(cfg, job_dir=str(job_dir)))
     if sweep is not None:
         text += "\n" + toml_document({"sweep": sweep}, header="[sweep] as in the job file; run the grid with "
                                                               "`hpcfl sweep JOB`").lstrip("\n")
@@ -317,7 +330,7 @@ def _check_round_trip(text: str, cfg) -> None:
     from .. import config
 
     try:
-        same = config.from_dict(tomllib.loads(text)).to_json() == cfg.to_json()
+        same = config.from_dict(tomllib.loads(text), cfg.job_dir).to_json() == cfg.to_json()
     except (tomllib.TOMLDecodeError, HpcflError):
         same = False
     if not same:

@@ -1,7 +1,8 @@
 """``hpcfl data list | get``: which datasets hpcfl knows, and downloading one from its source.
 
 ``list`` prints every dataset: what it needs, its official source, size and checksum, or
-"generated, no download" with nothing to fetch. ``get NAME --root DIR`` downloads, verifies
+"generated, no download" with nothing to fetch, or (``leaf``, ``tff``, ``npz``) where such files
+come from, in words (:data:`hpcfl.data.sources.ELSEWHERE`). ``get NAME --root DIR`` downloads, verifies
 and unpacks it (:mod:`hpcfl.data.fetch`) and prints the ``data.root`` line for the job.
 Exit 0 done, 2 for anything the user must act on (unknown name, no network, a wrong file, a
 planted link), 75 when Ctrl-C stopped a download (one line says what was kept; the same command
@@ -33,14 +34,18 @@ def add_parser(sub) -> None:
 def list_text() -> str:
     from ..data import DATASETS
     from ..data.fetch import checksum_text, size_text
-    from ..data.sources import SOURCES, STAND_INS
+    from ..data.sources import ELSEWHERE, SOURCES, STAND_INS
 
     lines = []
     for name, spec in DATASETS.items():
         src = SOURCES.get(name)
+        if name in ELSEWHERE:   # files the field's own scripts make: where from, in words
+            first, *more = ELSEWHERE[name]
+            lines.append(f"{name}: {spec.doc}; {first}")
+            lines += [f"    {line}" for line in more]
+            continue
         if src is None:
-            how = ("your own file (data.npz.file)" if name == "npz" else
-                   "bundled with scikit-learn, no download" if name == "digits" else "generated, no download")
+            how = "bundled with scikit-learn, no download" if name == "digits" else "generated, no download"
             lines.append(f"{name}: {spec.doc}; {how}")
             continue
         lines.append(f"{name}: needs {src.needs}; {src.homepage}")
@@ -57,9 +62,13 @@ def main(args, comm) -> int:
         sys.stdout.write(list_text())
         return 0
     from ..data.fetch import MIRROR_ENV, get
-    from ..data.sources import SOURCES
+    from ..data.sources import ELSEWHERE, SOURCES
 
     src = SOURCES.get(args.name)
+    if args.name in ELSEWHERE:
+        print(f"hpcfl data get: {args.name!r} is not downloaded by hpcfl: {' '.join(ELSEWHERE[args.name])}",
+              file=sys.stderr)
+        return EXIT_INPUT
     if src is None:
         from ..data import DATASETS
 

@@ -111,12 +111,13 @@ class Points(Sequence):
         return Point(i, self.names[i], sets, table)
 
 
-def check_point(point: Point) -> None:
-    """Raise ConfigError naming ``point`` when its job is invalid."""
+def check_point(point: Point, job_dir=None) -> None:
+    """Raise ConfigError naming ``point`` when its job is invalid. ``job_dir``: the sweep job's folder,
+    where a plug-in's module is looked for (imported here, it is the one the points' runs find)."""
     from .. import config
 
     try:
-        config.from_dict(point.table)
+        config.from_dict(point.table, job_dir)
     except ConfigError as exc:
         raise ConfigError([f"[sweep] point {point.index} ({point.name}): {p}" for p in exc.problems]) from None
 
@@ -201,7 +202,7 @@ def expand(job, overrides: list[str] | None = None, out=None, max_points: int = 
     if check:
         for point in points:
             _check_stop("checking the grid's points", point.index, total)
-            check_point(point)
+            check_point(point, points.job_dir)
     return Sweep(Path(job), sweep_out, grid, points, tuple(notes))
 
 
@@ -229,7 +230,7 @@ def listing(sweep: Sweep, overrides: list[str]):
     yield f"{'index':>5}  {'name':<{width}}  settings"
     for p in sweep.points:
         _check_stop("listing the grid's points", p.index, n)
-        check_point(p)
+        check_point(p, sweep.points.job_dir)
         yield f"{p.index:>5}  {p.name:<{width}}  " + " ".join(f"--set {shlex.quote(s)}" for s in p.sets)
     yield ""
     yield "As a Slurm job array (task i runs point i, into runs/sweep/$HPCFL_SWEEP/<name>), from the repository root:"

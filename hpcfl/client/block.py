@@ -39,6 +39,7 @@ from torch.func import functional_call, vmap
 
 from ..algorithms.local import LocalSolver, SolverSpec
 from ..params import FlatModel
+from ..plugins import is_plugin
 from .trainer import ClientResult
 
 GROUP_SIZE = 64   # clients per batched computation (bounds memory: a few (G, P) tensors)
@@ -283,6 +284,11 @@ def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec,
     closed = getattr(model.module, "batched_loss_grad", None) is not None
     gpu = model.device.type == "cuda"
     if mode == "auto" and (why is not None or not (closed or gpu)):
+        if comm.rank == 0 and is_plugin(cfg.model.name):   # your own model: say which loop it gets, and why
+            reason = why or ("on the CPU 'auto' batches only models with a closed-form batched gradient "
+                             "(batched_loss_grad), and it has none; runtime.vectorize = 'on' batches it anyway")
+            print(f"hpcfl: runtime.vectorize = 'auto': model {cfg.model.name!r} trains one client at a time: "
+                  f"{reason}", flush=True)
         return None
     block = BlockTrainer(model, x_train, y_train, cfg.algorithm.batch_size, group_size(model))
     if mode == "auto" and comm.rank == 0:

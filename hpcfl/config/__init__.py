@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import tomllib
 from dataclasses import dataclass, field
 
 from ..algorithms import milestone_rounds, registry
 from ..errors import ConfigError
+from ..plugins import is_plugin, table_name
 from . import sections
+from .components import component_options, table_clashes
 from .notices import missing_tables
 from .options import build, build_partial
 from .read import read_any, read_job  # noqa: F401  (read_job: callers have always found it here)
@@ -56,7 +59,7 @@ class Config:
     guard: GuardSection = GuardSection()
     watchdog: WatchdogSection = WatchdogSection()
     results: ResultsSection = ResultsSection()
-    job_dir: str | None = None       # where relative paths (system.trace) resolve; not part of the job
+    job_dir: str | None = None       # where relative paths (system.trace) resolve and plug-ins are found; not the job
     notes: tuple[str, ...] = ()      # what reading the job decided for the user (--set dropped a table); not the job
 
     def to_dict(self) -> dict:
@@ -65,15 +68,29 @@ class Config:
         for name in ("run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog",
                      "results"):
             d[name] = dataclasses.asdict(getattr(self, name))
-        d["data"][self.data.dataset] = dataclasses.asdict(self.dataset_options)
-        d["data"][self.data.partition] = dataclasses.asdict(self.partition_options)
-        d["model"][self.model.name] = dataclasses.asdict(self.model_options)
+        # a plug-in's options under its attribute's name, as the job gives them ([model.SmallCNN])
+        d["data"][table_name(self.data.dataset)] = dataclasses.asdict(self.dataset_options)
+        d["data"][table_name(self.data.partition)] = dataclasses.asdict(self.partition_options)
+        d["model"][table_name(self.model.name)] = dataclasses.asdict(self.model_options)
         for slot, opts in self.policy_options.items():
             d["algorithm"][getattr(self.algorithm, slot)] = dataclasses.asdict(opts)
         return _drop_none(d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+    def plugins(self) -> dict:
+        """``{key: {"name", "file", "sha256"}}`` of the job's plug-ins (results.h5's ``plugins``
+        attribute): which code ran, for a later reader."""
+        from .. import plugins
+
+        found = {}
+        for key, opts in (("data.dataset", self.dataset_options), ("data.partition", self.partition_options),
+                          ("model.name", self.model_options)):
+            plugin = plugins.of(opts)
+            if plugin is not None:
+                found[key] = plugin.provenance()
+        return found
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON: identifies the job for resume and provenance."""
@@ -156,9 +173,9 @@ def chosen_tables(table: dict) -> set[str]:
     data, model, alg = section("data"), section("model"), section("algorithm")
     for key, default in (("dataset", DataSection.dataset), ("partition", DataSection.partition)):
         if isinstance(data.get(key, default), str):
-            out.add(f"data.{data.get(key, default)}")
+            out.add(f"data.{table_name(data.get(key, default))}")
     if isinstance(model.get("name", ModelSection.name), str):
-        out.add(f"model.{model.get('name', ModelSection.name)}")
+        out.add(f"model.{table_name(model.get('name', ModelSection.name))}")
     preset = PRESETS.get(alg.get("name", "fedavg"), {}) if isinstance(alg.get("name", "fedavg"), str) else {}
     slots = {**preset, **{k: alg[k] for k in POLICY_SLOTS if k in alg}}
     slots.setdefault("steps", "fixed" if alg.get("local_steps") else "epochs")
@@ -178,28 +195,17 @@ def _split(table: dict, cls) -> tuple[dict, dict]:
     return plain, subs
 
 
-def _component(kind: str, name: str, subs: dict, where: str, problems: list[str]):
-    """Build the options of component ``name`` from its sub-table."""
-    # Imported here, not at the top: commands that import this module without reading a job
-    # (hpcfl --help, report, plot) then skip the dataset, model and system modules.
-    from .. import data, models
-
-    lookup = {"dataset": data.dataset_options, "partition": data.partition_options, "model": models.model_options}
-    try:
-        cls = lookup[kind](name)
-    except ConfigError as exc:
-        problems += exc.problems
-        return None
-    return build(cls, subs.get(name), f"{where}.{name}", problems)
-
-
-def from_dict(table: dict) -> Config:
+def from_dict(table: dict, job_dir=None) -> Config:
     """Validate a parsed job and build the :class:`Config`; raises ConfigError listing every problem.
 
     One pass finds every problem: a section with a bad key is still built from its valid
     keys (defaults for the rest), so its components and the checks across sections run
-    too; only checks that read a refused value wait until it is fixed.
+    too; only checks that read a refused value wait until it is fixed. ``job_dir``: the job
+    file's folder (or a list of folders), where plug-in modules (``model.name = "nets:SmallCNN"``)
+    are looked for after ``sys.path``, before the current folder.
     """
+    registry.check_plugins()   # $HPCFL_ALGORITHMS: a module that failed to import is the job's problem
+    search = [job_dir] if isinstance(job_dir, (str, os.PathLike)) else list(job_dir or ())
     problems: list[str] = []
     known = {"run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog", "results"}
     for k, v in table.items():
@@ -228,7 +234,7 @@ def from_dict(table: dict) -> Config:
         alg_table.setdefault("mu", registry.PROX_MU)
     algorithm, alg_bad = build_partial(AlgorithmSection, alg_table, "algorithm", problems)
     runtime = build(RuntimeSection, t.get("runtime"), "runtime", problems)
-    from ..system import SystemOptions   # here for the same reason as in _component
+    from ..system import SystemOptions   # here for the same reason as in component_options
 
     system = build(SystemOptions, t.get("system"), "system", problems)
     extra = {name: build(cls, t.get(name), name, problems) for name, cls in
@@ -247,22 +253,26 @@ def from_dict(table: dict) -> Config:
                 policy_options[slot] = opts
 
     dataset_options = partition_options = model_options = None
+    clashes = table_clashes(data, model, data_bad, model_bad)
+    problems += clashes
     if "dataset" not in data_bad:
-        dataset_options = _component("dataset", data.dataset, data_subs, "data", problems)
+        dataset_options = component_options("dataset", data.dataset, data_subs, "data", problems, search)
     if "partition" not in data_bad:
-        partition_options = _component("partition", data.partition, data_subs, "data", problems)
-    if not data_bad & {"dataset", "partition"}:
+        partition_options = component_options("partition", data.partition, data_subs, "data", problems, search)
+    if not data_bad & {"dataset", "partition"} and not clashes:
         for name in data_subs:
-            if name not in (data.dataset, data.partition):
+            if name not in (table_name(data.dataset), table_name(data.partition)):
                 problems.append(
                     f"[data.{name}] is given but data.dataset = {data.dataset!r} and data.partition = "
                     f"{data.partition!r}; rename the table or choose that component"
                 )
     if "name" not in model_bad:
-        model_options = _component("model", model.name, model_subs, "model", problems)
+        model_options = component_options("model", model.name, model_subs, "model", problems, search)
         for name in model_subs:
-            if name != model.name:
-                problems.append(f"[model.{name}] is given but model.name = {model.name!r}; rename the table")
+            if name != table_name(model.name):
+                problems.append(f"[model.{name}] is given but model.name = {model.name!r}" + (
+                    f", whose options are [model.{table_name(model.name)}]" if is_plugin(model.name) else "") +
+                    "; rename the table")
     if "num_clients" not in data_bad and "clients_per_round" not in alg_bad \
             and algorithm.clients_per_round > data.num_clients:
         problems.append(
@@ -289,8 +299,8 @@ def load(job, overrides: list[str] | None = None, files: bool = False) -> Config
     table = apply_overrides(table, list(overrides or []), notes)
     missing = [name for name in ("data", "model") if name not in table]
     found = data_file_problems(table) if files else []
-    try:
-        cfg = from_dict(table)
+    try:   # a job file's folder is where its plug-ins are looked for; a dict or TOML text has none
+        cfg = from_dict(table, job_dir if what.startswith("job file") else None)
     except ConfigError as exc:
         raise ConfigError(missing_tables(what, missing) + exc.problems + found) from None
     if missing or found:

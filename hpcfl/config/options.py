@@ -170,6 +170,7 @@ def build_partial(cls, table: dict | None, where: str, problems: list[str]) -> t
     was refused (a wrong type, range or choice; unknown keys are problems but fail no
     field). ``validate()`` runs on ``obj`` too; its messages that name a failed field are
     dropped, since they would only restate that field's own problem against a default.
+    ``obj`` is None when a field without a default (a required key) has no valid value.
     """
     table = dict(table or {})
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -196,6 +197,16 @@ def build_partial(cls, table: dict | None, where: str, problems: list[str]) -> t
             failed.add(name)
         else:
             kwargs[name] = value
+    # A field without a default (a plug-in's parameter without one) is a required key. Without it
+    # there is no object to build: the problems say which keys to add.
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [n for n in required if n not in table]
+    for name in missing:
+        problems.append(f"{where}.{name} is required and missing: it has no default; add {name} = ... "
+                        f"({_type_name(hints[name])}) under [{where}]")
+    if any(n not in kwargs for n in required):
+        return None, failed | set(missing)
     obj = cls(**kwargs)
     if hasattr(obj, "validate"):
         mentions = re.compile(r"\b(" + "|".join(map(re.escape, sorted(failed))) + r")\b") if failed else None

@@ -62,8 +62,8 @@ class RunSection:
 class DataSection:
     dataset: str = field(default="digits", metadata={"help": "dataset name; its options go in [data.<dataset>]"})
     root: str | None = field(default=None, metadata={
-        "help": "folder with the files of an on-disk dataset (cifar10, cifar100, mnist, fashion_mnist, emnist, npz); "
-                "unset: none (embedded datasets)"})
+        "help": "folder with the files of an on-disk dataset (cifar10, cifar100, mnist, fashion_mnist, emnist, npz, "
+                "leaf, tff, speech_commands); unset: none (embedded datasets)"})
     partition: str = field(default="iid", metadata={
         "help": "how the training set is split over the clients; its options go in [data.<partition>]"})
     num_clients: int = field(default=10, metadata={"gt": 0, "help": "number of simulated clients K"})

@@ -23,10 +23,12 @@ from typing import Callable
 
 import numpy as np
 
+from .. import plugins
 from ..errors import ConfigError, DataError, nearest
 from ..native.cachedir import cache_root
 from . import cache as _cache
 from . import partition as _p
+from . import plugin as _plugin_data
 from . import partition_labels as _pl
 from .container import Dataset, DatasetSpec
 from .datasets import EMBEDDED
@@ -77,8 +79,12 @@ PARTITIONS: dict[str, PartitionSpec] = {
         _pl.NonBalanceOptions, _pl.nonbalance, "FedGSNR NonBalance: abundant/medium/less clients"
     ),
     "pareto": PartitionSpec(_pl.ParetoOptions, _pl.pareto, "FedGSNR Pareto class counts (80/20)"),
-    "natural": PartitionSpec(_p.NaturalOptions, _p.natural, "the dataset's own clients (synthetic)"),
+    "natural": PartitionSpec(_p.NaturalOptions, _p.natural, "the dataset's own clients (synthetic, leaf, tff, npz with client)"),
 }
+
+
+PLUGIN_HINT = {"data.dataset": 'a dataset of your own: data.dataset = "yourmodule:load"',
+               "data.partition": 'a partition of your own: data.partition = "yourmodule:split"'}
 
 
 def _lookup(registry: dict, name, key: str):
@@ -86,26 +92,44 @@ def _lookup(registry: dict, name, key: str):
         valid = ", ".join(sorted(registry))
         guess = nearest(name, registry) if isinstance(name, str) else None
         raise ConfigError(f"{key} = {name!r} is not known; " + (f"did you mean {guess!r}? (or one of {valid})"
-                                                                 if guess else f"choose one of {valid}"))
+                                                                 if guess else f"choose one of {valid}") +
+                          f"; {PLUGIN_HINT[key]}")
     return registry[name]
 
 
-def dataset_options(name: str) -> type:
-    """Option dataclass of dataset ``name`` (ConfigError naming ``data.dataset`` if unknown)."""
+def dataset_options(name: str, search=()) -> type:
+    """Option dataclass of dataset ``name`` (ConfigError naming ``data.dataset`` if unknown); a plug-in's
+    (``"module:function"``, :mod:`hpcfl.plugins`) is generated, its module looked for in ``search`` too."""
+    if plugins.is_plugin(name):
+        return plugins.resolve("dataset", name, search).options
     return _lookup(DATASETS, name, "data.dataset").options
 
 
-def partition_options(name: str) -> type:
-    """Option dataclass of partition ``name`` (ConfigError naming ``data.partition`` if unknown)."""
+def partition_options(name: str, search=()) -> type:
+    """Option dataclass of partition ``name`` (ConfigError naming ``data.partition`` if unknown), or a plug-in's."""
+    if plugins.is_plugin(name):
+        return plugins.resolve("partition", name, search).options
     return _lookup(PARTITIONS, name, "data.partition").options
+
+
+def _plugin(kind: str, name: str, options):
+    """The plug-in behind ``options`` (made by :func:`dataset_options`/:func:`partition_options` for ``name``)."""
+    plugin = plugins.of(options)
+    if plugin is None or plugin.name != name or plugin.kind != kind:
+        raise TypeError(f"{name} needs the options {kind}_options({name!r}) made, got {type(options).__name__}")
+    return plugin
 
 
 def load_dataset(name: str, options, root: str | None, seed: int, cache: str = "off") -> Dataset:
     """Load dataset ``name``; ``options`` None means all defaults.
 
     ``cache`` is ``data.cache`` ("auto", "off" or a folder): generated datasets are read
-    from there when an earlier run stored them (:mod:`hpcfl.data.cache`).
+    from there when an earlier run stored them (:mod:`hpcfl.data.cache`). A plug-in's
+    (``options`` from :func:`dataset_options`) is called every time, never cached, and what it
+    returns is checked (:mod:`hpcfl.data.plugin`).
     """
+    if plugins.is_plugin(name):
+        return _plugin_data.load(_plugin("dataset", name, options), options, seed)
     spec = _lookup(DATASETS, name, "data.dataset")
     opts = options if options is not None else spec.options()
     root_dir = cache_root(cache) if spec.cache else None
@@ -114,6 +138,8 @@ def load_dataset(name: str, options, root: str | None, seed: int, cache: str = "
 
 def uses_cache(name: str, cache: str) -> bool:
     """Whether :func:`load_dataset` of ``name`` with ``data.cache = cache`` goes through the dataset cache."""
+    if plugins.is_plugin(name):   # its function may read anything: nothing to key a cache entry on
+        return False
     return bool(_lookup(DATASETS, name, "data.dataset").cache) and cache_root(cache) is not None
 
 
@@ -124,7 +150,10 @@ def load_labels(name: str, options, root: str | None, seed: int) -> Dataset:
     50k CIFAR-shaped set takes milliseconds instead of seconds), the inputs are zero-stride
     placeholders and the test split may be empty; elsewhere this is :func:`load_dataset`.
     Partitions computed from it equal those from the full dataset. Not for training.
+    A plug-in dataset is loaded in full.
     """
+    if plugins.is_plugin(name):
+        return load_dataset(name, options, root, seed)
     spec = _lookup(DATASETS, name, "data.dataset")
     load = spec.labels or spec.load
     return load(options if options is not None else spec.options(), root, int(seed))
@@ -143,13 +172,16 @@ def make_partition(name: str, labels, num_clients: int, options, seed: int, data
     """Split the training set over ``num_clients`` clients.
 
     Returns a list of ``num_clients`` int64 index arrays into the training set, each
-    sorted ascending. Pure in (labels, num_clients, options, seed[, dataset]).
+    sorted ascending. Pure in (labels, num_clients, options, seed[, dataset]). A plug-in's
+    (``options`` from :func:`partition_options`) output is checked (:mod:`hpcfl.data.plugin`).
     """
-    spec = _lookup(PARTITIONS, name, "data.partition")
+    spec = None if plugins.is_plugin(name) else _lookup(PARTITIONS, name, "data.partition")
     y = _check_labels(labels)
     k = int(num_clients)
     if k < 1:
         raise ConfigError(f"data.num_clients = {num_clients} must be at least 1")
+    if spec is None:   # a plug-in: a row may go to several clients, so k may exceed the rows
+        return _plugin_data.split(_plugin("partition", name, options), y, k, options, int(seed))
     if k > len(y) and name != "natural":
         raise ConfigError(f"data.num_clients = {k} exceeds the {len(y)} training samples; "
                           f"use at most {len(y)} clients")

@@ -118,10 +118,12 @@ def _write(path: Path, ds: Dataset, replace: bool = False) -> bool:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     arrays = {name: getattr(ds, name) for name in ARRAYS}
     meta = {"name": ds.name, "num_classes": ds.num_classes, "input_shape": list(ds.input_shape),
-            "augment": ds.augment, "natural": ds.natural_clients is not None}
-    if ds.natural_clients is not None:   # ragged: concatenated, with offsets
-        arrays["natural_index"] = np.concatenate(ds.natural_clients).astype(np.int64)
-        arrays["natural_offset"] = np.cumsum([0] + [len(c) for c in ds.natural_clients]).astype(np.int64)
+            "augment": ds.augment, "natural": ds.natural_clients is not None,
+            "natural_test": ds.natural_test is not None}
+    for key, groups in (("natural", ds.natural_clients), ("natural_test", ds.natural_test)):
+        if groups is not None:   # ragged: concatenated, with offsets
+            arrays[f"{key}_index"] = np.concatenate(list(groups)).astype(np.int64)
+            arrays[f"{key}_offset"] = np.cumsum([0] + [len(c) for c in groups]).astype(np.int64)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     tmp.mkdir(mode=0o700)
     try:
@@ -203,13 +205,16 @@ def _read(path: Path) -> Dataset:
         x, y = arr[f"x_{split}"], arr[f"y_{split}"]
         if len(x) != len(y) or y.ndim != 1 or (y.size and not (0 <= y.min() and y.max() < num_classes)):
             raise ValueError(f"x_{split} and y_{split} do not fit together or the labels leave [0, {num_classes})")
-    natural = None
-    if meta["natural"]:
-        idx = np.load(path / "natural_index.npy", allow_pickle=False)
-        off = np.load(path / "natural_offset.npy", allow_pickle=False)
-        if off.ndim != 1 or off[0] != 0 or off[-1] != len(idx) or np.any(np.diff(off) < 0) or \
-                (idx.size and not (0 <= idx.min() and idx.max() < len(arr["x_train"]))):
-            raise ValueError("the natural clients' index does not fit the training set")
-        natural = tuple(idx[off[i] : off[i + 1]] for i in range(len(off) - 1))
+    groups = {}
+    for key, split in (("natural", "train"), ("natural_test", "test")):
+        groups[key] = None
+        if meta.get(key):   # an entry written before natural_test existed has none
+            idx = np.load(path / f"{key}_index.npy", allow_pickle=False)
+            off = np.load(path / f"{key}_offset.npy", allow_pickle=False)
+            if off.ndim != 1 or off[0] != 0 or off[-1] != len(idx) or np.any(np.diff(off) < 0) or \
+                    (idx.size and not (0 <= idx.min() and idx.max() < len(arr[f"x_{split}"]))):
+                raise ValueError(f"the natural clients' index does not fit the {split} set")
+            groups[key] = tuple(idx[off[i] : off[i + 1]] for i in range(len(off) - 1))
     return Dataset(name=meta["name"], num_classes=num_classes, input_shape=tuple(meta["input_shape"]),
-                   augment=bool(meta["augment"]), natural_clients=natural, **arr)
+                   augment=bool(meta["augment"]), natural_clients=groups["natural"],
+                   natural_test=groups["natural_test"], **arr)

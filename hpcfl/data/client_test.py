@@ -150,3 +150,24 @@ def client_test_pairs(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
     by = _stable_order(rows, y.size)
     sample = np.repeat(np.arange(y.size, dtype=np.int64), np.bincount(rows, minlength=y.size))   # rows[by]
     return sizes, sample, who[by]
+
+
+def own_test_pairs(own) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every client's own test rows (natural clients: LEAF's and TFF's test files, npz's ``client_test``)
+    as the (sizes, sample, client) of :func:`client_test_pairs`.
+
+    ``own`` holds client i's test-set rows, a sequence of N int arrays (a
+    :class:`hpcfl.data.partition.Groups`, or a tuple); a row belongs to one client at most. Nothing is
+    drawn: the rows are the user's own, none is shared, and ``run.eval_clients_min`` does not apply.
+    A client with no rows gets size 0 (its accuracy and loss are NaN).
+    """
+    flat = getattr(own, "flat", None)
+    if flat is not None:
+        sizes = np.asarray(own.sizes, dtype=np.int64)
+    else:
+        sizes = np.fromiter(map(len, own), dtype=np.int64, count=len(own))
+        flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in own]) if len(own) else np.zeros(0, np.int64)
+    flat = np.asarray(flat, dtype=np.int64)
+    who = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
+    by = np.argsort(flat, kind="stable")   # rows are distinct: this is the (row, client) order
+    return sizes, flat[by], who[by]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
@@ -25,7 +26,12 @@ class Dataset:
     ``x_*`` are float32 and already normalised; ``y_*`` are int64. When ``augment`` is
     true the engine applies :func:`hpcfl.data.augment.augment_batch` to every training
     batch. ``natural_clients`` holds per-client index arrays into the training set for
-    datasets that come with their own clients (Synthetic).
+    datasets that come with their own clients (Synthetic, LEAF, TFF, npz with ``client``), in
+    client order. ``natural_test``, where the format also gives every client its own test rows
+    (LEAF's and TFF's test files, npz's ``client_test``), holds per-client index arrays into the
+    test set in the same order (a client may have none); per-client evaluation then uses them with
+    ``data.partition = "natural"`` (:mod:`hpcfl.engine.setup`). Either may be a
+    :class:`hpcfl.data.partition.Groups` (one concatenated array) rather than a tuple.
     """
 
     name: str
@@ -36,7 +42,8 @@ class Dataset:
     num_classes: int
     input_shape: tuple[int, ...]
     augment: bool = False
-    natural_clients: tuple[np.ndarray, ...] | None = None
+    natural_clients: Sequence[np.ndarray] | None = None
+    natural_test: Sequence[np.ndarray] | None = None
 
 
 @dataclass(frozen=True)

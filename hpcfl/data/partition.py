@@ -364,13 +364,18 @@ class NaturalOptions:
 
 
 def natural(labels, num_clients, opts: NaturalOptions, seed, dataset=None):
-    """The dataset's own clients (Synthetic); num_clients must match their number."""
+    """The dataset's own clients (synthetic, leaf, tff, npz with ``client``); num_clients must
+    match their number. A :class:`Groups` of natural clients (sorted pieces of one array) is
+    returned as it is: 100k clients cost no 100k sorts."""
     nat = None if dataset is None else dataset.natural_clients
     if nat is None:
         name = "this dataset" if dataset is None else f"data.dataset = {dataset.name!r}"
-        raise ConfigError(f"data.partition = 'natural' needs a dataset with built-in clients (e.g. "
-                          f"'synthetic'); {name} has none: choose another data.partition")
+        raise ConfigError(f"data.partition = 'natural' needs a dataset with built-in clients ('synthetic', "
+                          f"'leaf', 'tff', or 'npz' with a client array); {name} has none: choose another "
+                          f"data.partition")
     if num_clients != len(nat):
         raise ConfigError(f"data.num_clients = {num_clients}, but {dataset.name!r} has {len(nat)} natural "
                           f"clients; set data.num_clients = {len(nat)}")
+    if isinstance(nat, Groups):
+        return nat
     return [np.sort(np.asarray(a, dtype=np.int64)) for a in nat]

@@ -13,7 +13,10 @@ a file is then fetched from ``<mirror>/<file name>`` (a site-local mirror, or th
 server); the checksums stay the same.
 
 Datasets that hpcfl generates need no download; :data:`STAND_INS` names the generated
-dataset a job can run on a CPU in place of each downloaded one.
+dataset a job can run on a CPU in place of each downloaded one. :data:`ELSEWHERE` says, as text
+only, where the naturally partitioned benchmarks that ``leaf`` and ``tff`` read come from: the
+field's own scripts and archives, which publish no checksum to verify a download against, so
+``hpcfl data get`` does not fetch them.
 """
 
 from __future__ import annotations
@@ -118,6 +121,34 @@ STAND_INS: dict[str, str] = {
               "--set data.synthetic_images.num_classes=47 (balanced)",
     "speech_commands": "--set data.dataset=synthetic_images --set 'data.synthetic_images.image_shape=[98,40]' "
                        "(98 frames x 40 features)",
+}
+
+
+_TFF = "https://storage.googleapis.com/tff-datasets-public/"
+
+# Where the files of the naturally partitioned datasets come from, in words (hpcfl data list).
+ELSEWHERE: dict[str, tuple[str, ...]] = {
+    "leaf": (
+        "made by LEAF's scripts (Caldas et al. 2018), https://github.com/TalwalkarLab/leaf: in data/femnist or "
+        "data/shakespeare run ./preprocess.sh (e.g. -s niid --sf 1.0 -k 0 -t sample); the JSON lands in "
+        "data/<name>/data/train and .../test: data.leaf.train, data.leaf.test",
+        "FEMNIST: data.leaf.image_shape = [1, 28, 28]; Shakespeare: data.leaf.features = 'chars', model char_lstm; "
+        "Sent140 (data/sent140): features = 'tokens' with vocab_file = GloVe's glove.6B.300d.txt "
+        "(https://nlp.stanford.edu/projects/glove/, LEAF's models/sent140/get_embs.sh)",
+    ),
+    "tff": (
+        "TensorFlow Federated's HDF5 archives (older TFF releases; newer ones ship SQLite, not read here), "
+        "unpacked with tar xjf:",
+        f"{_TFF}fed_emnist.tar.bz2: fed_emnist_train.h5, fed_emnist_test.h5 (EMNIST-62, 3,400 writers; the defaults)",
+        f"{_TFF}shakespeare.tar.bz2: shakespeare_train.h5, shakespeare_test.h5 (data.tff.features = 'chars')",
+        f"{_TFF}stackoverflow.tar.bz2: tokens, title, tags (word-level: not read yet)",
+    ),
+    "npz": (
+        "your own file (data.npz.file); with client (and client_test) arrays it holds natural clients",
+        "e.g. FLAIR (Song et al. 2022): Apple's pfl-research, https://github.com/apple/pfl-research "
+        "(benchmarks/dataset/flair), makes its per-user HDF5; it is multi-label: write one label per image, and "
+        "each image's user as client, to an .npz",
+    ),
 }
 
 

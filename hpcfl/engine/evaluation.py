@@ -10,7 +10,8 @@ from ..parallel.comm import ExactSum
 
 
 class ClientEval:
-    """Every client's held-out test rows (:func:`hpcfl.data.client_test.client_test_pairs`), arranged
+    """Every client's held-out test rows (drawn: :func:`hpcfl.data.client_test.client_test_pairs`; a natural
+    client's own: :func:`hpcfl.data.client_test.own_test_pairs`), arranged
     so that one chunk of the test set gives each client's sums over its rows in that chunk.
 
     ``sizes`` (N,) the rows per client; ``sample`` and ``client`` (pairs,) every (test row, client)

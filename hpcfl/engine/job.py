@@ -190,6 +190,9 @@ class JobRun:
         cfg, s, comm = self.cfg, self.setup, self.comm
         attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "run_id": self.planned.run_id,
                  "versions": versions(), "world_size": comm.size, "devices": devices, "seed": cfg.run.seed}
+        if cfg.plugins():   # which code of your own ran: file and SHA-256, the latest and each segment's
+            attrs["plugins"] = cfg.plugins()
+            attrs["versions"] = {**attrs["versions"], "plugins": cfg.plugins()}
         return ResultsWriter(self.out / "results.h5", attrs, s.class_counts,
                              resume_at=self.start if self.mode == "resume" else None,
                              metric_fields=s.algo.round_fields, client_fields=s.algo.client_fields,
@@ -208,7 +211,7 @@ class JobRun:
         if any(d != "cpu" for d, _ in placed):   # which GPU each rank took (docs/guide.md, "Devices")
             for _, line in placed:
                 print(f"hpcfl: {line}", flush=True)
-        for note in (*cfg.notes, *notices.start_notes(cfg), *s.algo.notes):
+        for note in (*cfg.notes, *notices.start_notes(cfg), *s.algo.notes, *s.notes):
             print(f"hpcfl: note: {note}", flush=True)
 
     # ---- 4. loop -----------------------------------------------------------------------------

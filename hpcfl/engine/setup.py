@@ -54,6 +54,7 @@ class Setup:
     acc: object = None          # the round's sum (hpcfl.parallel.gridsum.GridSum or comm.FloatSum), see accumulator()
     client_eval: object = None  # hpcfl.engine.evaluation.ClientEval when run.eval_clients applies (a classifier)
     home: np.ndarray = None     # ids of this rank's own clients, ascending (found once: a round never scans all N)
+    notes: tuple = ()           # what the run should say once at its start (hpcfl.engine.job)
 
 
 def prepare(cfg, comm) -> Setup:
@@ -93,6 +94,7 @@ def prepare(cfg, comm) -> Setup:
 
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
+    _check_ids(cfg, module, ds)
     model = FlatModel(module, device, dtype)
     threads = pick_threads(cfg.runtime.threads, local_size, model.num_params)   # by the model's size
     torch.set_num_threads(threads)
@@ -116,13 +118,43 @@ def prepare(cfg, comm) -> Setup:
         system = SystemModel(cfg.system, cfg.data.num_clients, cfg.run.seed, nbytes, upload_bytes=nbytes + up * item,
                              download_bytes=nbytes + down * item, base_dir=cfg.job_dir)
     counts = data.class_counts_flat(ds.y_train, index, sizes, ds.num_classes)
-    client_eval = None
+    client_eval, notes = None, []
     if cfg.run.eval_clients and getattr(module, "loss", None) is None:   # a classifier: per-sample hits and losses
-        from ..data.client_test import client_test_pairs
-        from .evaluation import ClientEval
-        client_eval = ClientEval(*client_test_pairs(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min))
+        client_eval, notes = _client_eval(cfg, ds, counts)
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
                  torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block,
-                 placement=placement, client_eval=client_eval, home=mine)
+                 placement=placement, client_eval=client_eval, home=mine, notes=tuple(notes))
+
+
+def _client_eval(cfg, ds, counts):
+    """(:class:`ClientEval`, notes): each client's own test rows where the dataset has them and the
+    partition is its own clients', else rows drawn with the client's label mix (:mod:`hpcfl.data.client_test`)."""
+    from ..data.client_test import client_test_pairs, own_test_pairs
+    from .evaluation import ClientEval
+
+    own = getattr(ds, "natural_test", None)
+    if cfg.data.partition != "natural" or own is None:
+        return ClientEval(*client_test_pairs(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min)), []
+    client_eval = ClientEval(*own_test_pairs(own))
+    none = int(np.count_nonzero(client_eval.sizes == 0))
+    if not none:
+        return client_eval, []
+    return client_eval, [(f"per-client evaluation uses each client's own test rows; {none} of {client_eval.n} "
+                          f"clients have none in the test file(s): their /client_eval accuracy and loss are NaN")]
+
+
+def _check_ids(cfg, module, ds) -> None:
+    """A model that embeds its inputs as ids (``char_lstm``) needs every id below its ``vocab_size``:
+    refused here, naming the option, rather than as an index error in round 1."""
+    limit = getattr(module, "vocab_size", None)
+    if limit is None:
+        return
+    top = max(float(ds.x_train.max(initial=0)), float(ds.x_test.max(initial=0)))
+    low = min(float(ds.x_train.min(initial=0)), float(ds.x_test.min(initial=0)))
+    if top >= limit or low < 0:
+        raise ConfigError(f"model.name = {cfg.model.name!r} embeds its inputs as ids 0..{limit - 1} (model."
+                          f"{cfg.model.name}.vocab_size, 0: num_classes = {ds.num_classes}), but "
+                          f"data.dataset = {cfg.data.dataset!r} holds ids {low:g}..{top:g}; set "
+                          f"model.{cfg.model.name}.vocab_size to at least {int(top) + 1} (the vocabulary's ids)")

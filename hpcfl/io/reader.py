@@ -105,7 +105,11 @@ class Results:
         if self.input_shape is None:
             raise HpcflError("this results file predates stored input shapes (schema 1); rebuild the model with "
                              "hpcfl.models.build_model(...) and load .state_dict() into it")
-        cfg = from_dict(self.config)
+        from ..plugins import folders_of
+
+        # a model of your own is looked for where the run imported it from, too (the plugins attribute)
+        records = self.attrs.get("plugins")
+        cfg = from_dict(self.config, folders_of(records if isinstance(records, dict) else {}))
         module = models.build_model(cfg.model.name, cfg.model_options, self.input_shape, self.num_classes)
         module = module.to(torch.float64 if self.final_params.dtype == np.float64 else torch.float32)
         missing, unexpected = module.load_state_dict(self.state_dict(), strict=False)

@@ -172,7 +172,7 @@ class ResultsWriter(FinalWrites):
         kept = [r for r in reader.read_segments(old, self.path) if r["start_round"] <= rounds_done]
         _segments(new, kept, attrs, rounds_done + 1)
         new.attrs["schema_version"] = SCHEMA_VERSION
-        for k in ("world_size", "devices", "versions", "run_id"):   # the latest attempt (id: older files)
+        for k in ("world_size", "devices", "versions", "run_id", "plugins"):   # the latest attempt (id: older files)
             if k not in attrs:
                 continue
             v = attrs[k]

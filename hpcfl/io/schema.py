@@ -8,7 +8,11 @@ one row per round or per participating client; the file is flushed after every r
                                   versions (JSON: hpcfl, torch, ...), world_size, devices (JSON
                                   list, one per rank) of the latest segment, seed, status
                                   ("running" | "finished" | "diverged"), resumed_at_round;
-                                  a diverged run also has diverged (true) and diverged_round
+                                  a diverged run also has diverged (true) and diverged_round;
+                                  a run with code of its own (model.name = "nets:SmallCNN", ...)
+                                  has plugins (JSON: {key: {name, file, sha256}}, the latest
+                                  segment's modules: which file ran, and its SHA-256; each
+                                  segment's versions hold its own under "plugins")
     /metrics/round                 int64    round number, 1-based: row r holds round r, measured
                                             after r rounds (the console's "round r/R")
     /metrics/train_loss            float64  weight-averaged mean local mini-batch loss

@@ -23,6 +23,7 @@ import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .. import plugins
 from ..errors import ConfigError, nearest
 from . import options as o
 from .options import any_shape
@@ -134,6 +135,12 @@ MODELS: dict[str, ModelSpec] = {
         "2-layer LSTM(64) + FC for keyword spotting; 61,066 params on 40 features (Chen et al. 2023, GIFT).",
         o.lstm_fits,
     ),
+    "char_lstm": _register(
+        "char_lstm", o.CharLstmOptions, "rnn:build_char_lstm",
+        "8-dim character embedding + 2-layer LSTM(256) + FC, next character; 819,920 params over LEAF's 80 "
+        "characters (Caldas et al. 2018, LEAF Shakespeare).",
+        o.char_fits,
+    ),
     "quadratic": _register(
         "quadratic", o.QuadraticModelOptions, "quadratic:build_quadratic",
         "quadratic objectives of FedNova (Wang et al. 2020) and GIFT (Chen et al. 2023); use with data.dataset = quadratic.",
@@ -148,19 +155,27 @@ def models_fitting(input_shape: tuple[int, ...]) -> list[str]:
     return [n for n, spec in MODELS.items() if spec.fits(spec.options(), shape) is None]
 
 
-def model_options(name: str) -> type:
-    """Options dataclass of model ``name``.
+PLUGIN_HINT = 'a model of your own: model.name = "yourmodule:YourModel"'
+
+
+def model_options(name: str, search=()) -> type:
+    """Options dataclass of model ``name``: a built-in's, or a plug-in's (``"module:Attribute"``,
+    :mod:`hpcfl.plugins`; ``search``: folders to look for its module in, the job file's).
 
     Raises
     ------
     ConfigError
-        Unknown name; the message names ``model.name`` and lists the valid names.
+        Unknown name (the message names ``model.name``, lists the valid names and says how to
+        name your own), or a plug-in that cannot be imported.
     """
+    if plugins.is_plugin(name):
+        return plugins.resolve("model", name, search).options
     if name not in MODELS:
         valid = ", ".join(MODELS)
         guess = nearest(name, MODELS) if isinstance(name, str) else None
         raise ConfigError(f"model.name = {name!r} is not a known model; " + (
-            f"did you mean {guess!r}? (or one of {valid})" if guess else f"choose one of {valid}"))
+            f"did you mean {guess!r}? (or one of {valid})" if guess else f"choose one of {valid}") +
+            f"; {PLUGIN_HINT}")
     return MODELS[name].options
 
 
@@ -172,7 +187,8 @@ def build_model(
     Parameters
     ----------
     name : str
-        A key of :data:`MODELS`.
+        A key of :data:`MODELS`, or a plug-in's ``"module:Attribute"`` (built and checked by
+        :func:`hpcfl.models.plugin.build_plugin`).
     options : instance of ``model_options(name)``
     input_shape : tuple of int
         One sample's shape without the batch dim, e.g. (3, 32, 32), (60,), (1, 8, 8).
@@ -186,8 +202,16 @@ def build_model(
     Raises
     ------
     ConfigError
-        Unknown name, or a model that does not fit ``input_shape``.
+        Unknown name, a model that does not fit ``input_shape``, or a plug-in that breaks a rule
+        of :mod:`hpcfl.models.plugin`.
     """
+    if plugins.is_plugin(name):
+        from .plugin import build_plugin
+
+        plugin = plugins.of(options)
+        if plugin is None or plugin.name != name:
+            raise TypeError(f"{name} needs the options model_options({name!r}) made, got {type(options).__name__}")
+        return build_plugin(plugin, options, input_shape, num_classes)
     model_options(name)
     return MODELS[name].build(options, input_shape, num_classes)
 

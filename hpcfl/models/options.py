@@ -220,6 +220,34 @@ def lstm_fits(opts, input_shape: tuple[int, ...]) -> str | None:
     return "needs a sequence shape (T, F): T frames of F features"
 
 
+# ---- char_lstm (rnn.py) --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CharLstmOptions:
+    """Options of ``char_lstm`` (LEAF's Shakespeare model, Caldas et al. 2018).
+
+    embed_dim : size of the character embedding (8 in LEAF).
+    hidden : LSTM hidden size (256 in LEAF).
+    layers : stacked LSTM layers (2 in LEAF).
+    vocab_size : embedding rows; 0: num_classes (next-character prediction: the inputs' ids and
+        the classes are one vocabulary). Every input id must be below it.
+    """
+
+    embed_dim: int = field(default=8, metadata={"gt": 0, "help": "character embedding size (8 in LEAF)"})
+    hidden: int = field(default=256, metadata={"gt": 0, "help": "LSTM hidden size (256 in LEAF)"})
+    layers: int = field(default=2, metadata={"gt": 0, "help": "stacked LSTM layers (2 in LEAF)"})
+    vocab_size: int = field(default=0, metadata={
+        "ge": 0, "help": "embedding rows, above every input id; 0: num_classes (inputs and labels share the "
+                         "vocabulary)"})
+
+
+def char_fits(opts, input_shape: tuple[int, ...]) -> str | None:
+    """Accept (T,) sequences of character ids."""
+    if len(input_shape) == 1:
+        return None
+    return "needs a sequence of character ids, shape (T,) (data.leaf or data.tff with features = 'chars')"
+
+
 # ---- quadratic (quadratic.py) --------------------------------------------------------------
 
 @dataclass(frozen=True)

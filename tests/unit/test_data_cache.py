@@ -68,6 +68,20 @@ def test_natural_clients_survive_the_round_trip(tmp_path):
     same(a, b)
     assert len(b.natural_clients) == 5
     assert all(np.array_equal(x, y) for x, y in zip(a.natural_clients, b.natural_clients))
+    assert a.natural_test is None and b.natural_test is None
+
+
+def test_natural_test_rows_survive_the_round_trip(tmp_path):
+    from hpcfl.data.partition import Groups
+
+    ds = data.load_dataset("synthetic_images", SMALL, None, 0, "off")
+    own = Groups(np.array([3, 0, 7], dtype=np.int64), np.array([2, 0, 1], dtype=np.int64))
+    ds = data.Dataset(**{**ds.__dict__, "natural_clients": (np.arange(4), np.arange(4, 9)), "natural_test": own})
+    path = cache.path_for(tmp_path, "synthetic_images", SMALL, 0)
+    assert cache._write(path, ds)
+    back = cache._read(path)
+    assert [list(t) for t in back.natural_test] == [[3, 0], [], [7]]
+    assert [list(c) for c in back.natural_clients] == [[0, 1, 2, 3], [4, 5, 6, 7, 8]]
 
 
 def test_a_damaged_file_is_generated_again_and_replaced(tmp_path, capsys):

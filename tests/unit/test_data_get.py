@@ -263,8 +263,14 @@ def test_list_names_every_dataset_with_its_source_or_none(capsys):
             assert f"{r.url}  {fetch.size_text(r)}" in out
             assert (r.md5 or r.sha256) in out
         assert f"hpcfl data get {name} --root DIR" in out
-    for name in set(data.DATASETS) - set(sources.SOURCES) - {"npz", "digits"}:
+    for name in set(data.DATASETS) - set(sources.SOURCES) - set(sources.ELSEWHERE) - {"digits"}:
         assert re.search(rf"^{name}: .*; generated, no download$", out, re.M)
+    # the natural benchmarks: where their files come from, in words, and no download command
+    assert re.search(r"^leaf: .*https://github\.com/TalwalkarLab/leaf.*preprocess\.sh", out, re.M)
+    for archive in ("fed_emnist", "shakespeare", "stackoverflow"):
+        assert f"    https://storage.googleapis.com/tff-datasets-public/{archive}.tar.bz2: " in out
+    assert "https://github.com/apple/pfl-research" in out and "FLAIR" in out
+    assert "hpcfl data get leaf" not in out and "hpcfl data get tff" not in out
     assert "170,498,071 bytes (170.5 MB)  md5 c58f30108f718f92721af3b95e74349a" in out
 
 
@@ -292,6 +298,8 @@ def test_unknown_or_generated_names(tmp_path, capsys):
     assert "did you mean 'cifar10'?" in capsys.readouterr().err
     assert cli.main(["data", "get", "synthetic_images", "--root", str(tmp_path)]) == 2
     assert "needs no download" in capsys.readouterr().err
+    assert cli.main(["data", "get", "tff", "--root", str(tmp_path)]) == 2
+    assert "'tff' is not downloaded by hpcfl: TensorFlow Federated's HDF5 archives" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
 
 

@@ -33,6 +33,7 @@ FITS = {
     "vgg16": {CIFAR},
     "resnet18": {CIFAR, FMNIST, DIGITS},
     "kws_lstm": {SEQ},
+    "char_lstm": {SYNTH, FLAT64},   # (T,) character ids
     "quadratic": {SYNTH, FLAT64},  # any flat shape: x has the targets' dimension
 }
 
@@ -62,6 +63,13 @@ def shared(name, shape, num_classes=10, **table):
 def first_shape(name):
     """CIFAR where the model takes it, else the model's smallest supported shape."""
     return CIFAR if CIFAR in FITS[name] else sorted(FITS[name])[0]
+
+
+def sample(name, shape, batch=2):
+    """A batch the model takes: character ids (as floats) for char_lstm, Gaussian inputs otherwise."""
+    if name == "char_lstm":
+        return torch.randint(0, 10, (batch, *shape)).float()
+    return torch.randn(batch, *shape)
 
 
 def count(model: nn.Module) -> int:
@@ -121,6 +129,12 @@ COUNTS = [
     # LSTM layer: 4 gates * (H*(F+H) + 2*H): 4*(64*104 + 128) = 27,136 and
     # 4*(64*128 + 128) = 33,280; FC 64*10+10 = 650 (61,066 in all).
     ("kws_lstm", SEQ, 10, {}, 27_136 + 33_280 + 650),
+    # LEAF's Shakespeare LSTM over its 80 characters: embedding 80*8 = 640, LSTM 4*(256*(8+256) + 2*256)
+    # = 272,384 and 4*(256*512 + 512) = 526,336, FC 256*80+80 = 20,560 (819,920 in all)
+    ("char_lstm", (80,), 80, {}, 640 + 272_384 + 526_336 + 20_560),
+    # 90 embedding rows (720), 81 classes (FC 20,817); 1 layer of 32 units over 4 dims: 4*(32*36 + 64) = 4,864
+    ("char_lstm", (80,), 81, {"vocab_size": 90}, 720 + 798_720 + 20_817),
+    ("char_lstm", (20,), 10, {"hidden": 32, "layers": 1, "embed_dim": 4}, 40 + 4_864 + 330),
 ]
 
 
@@ -136,7 +150,7 @@ CLASSIFIERS = sorted(set(FITS) - {"quadratic"})  # quadratic is an objective, no
 def test_output_shape_on_every_fitting_shape(name):
     for shape in sorted(FITS[name]):
         model = shared(name, shape)  # eval mode: forward == fc(features) needs no dropout
-        x = torch.randn(2, *shape)
+        x = sample(name, shape)
         logits, feats = model(x), model.features(x)
         assert logits.shape == (2, 10), (name, shape)
         assert torch.isfinite(logits).all()
@@ -145,12 +159,13 @@ def test_output_shape_on_every_fitting_shape(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["logreg", "mlp", "fedlga_mlp", "lenet5", "simple_cnn", "kws_lstm"]
+    "name", ["logreg", "mlp", "fedlga_mlp", "lenet5", "simple_cnn", "kws_lstm", "char_lstm"]
 )
 def test_num_classes_sets_the_output_width(name):
     # The big models are covered by the 100-class parameter counts above.
     shape = first_shape(name)
-    assert make(name, shape, num_classes=3)(torch.randn(2, *shape)).shape == (2, 3)
+    model = make(name, shape, num_classes=12) if name == "char_lstm" else make(name, shape, num_classes=3)
+    assert model(sample(name, shape)).shape == (2, 12 if name == "char_lstm" else 3)
 
 
 @pytest.mark.parametrize("name", sorted(FITS))
@@ -393,3 +408,17 @@ def test_grad_into_equals_grad_and_reuses_one_buffer():
     assert torch.equal(again, m.grad(F.cross_entropy(m.module(2 * x), y)))
     m.module.zero_grad()                                          # sets every .grad to None
     assert torch.equal(m.grad_into(F.cross_entropy(m.module(x), y)), want)
+
+
+def test_char_lstm_reads_float_ids_as_the_embedding_rows_they_name():
+    model = make("char_lstm", (6,), 80)
+    ids = torch.tensor([[0, 79, 3, 3, 12, 45], [1, 2, 3, 4, 5, 6]])
+    out = model(ids.double().float())
+    emb = model.embed.weight[ids]                   # the rows the ids pick, by hand
+    h, _ = model.lstm(emb)
+    assert torch.equal(out, model.fc(h[:, -1]))
+    assert model.embed.weight.shape == (80, 8) and model.lstm.hidden_size == 256 and model.lstm.num_layers == 2
+    assert [n for n, _ in model.named_buffers()] == []                      # nothing but float parameters
+    assert not torch.equal(out[0], model(ids[1:].float())[0])
+    with pytest.raises(ConfigError, match=r"char_lstm.*needs a sequence of character ids, shape \(T,\)"):
+        make("char_lstm", SEQ)

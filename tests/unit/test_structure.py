@@ -134,8 +134,8 @@ def test_every_module_has_a_layer(real):
 def test_the_root_keeps_only_entry_points_and_basics(real):
     graph, _ = real
     root = sorted(m for m in graph if m.count(".") == 1 and not (ROOT / "hpcfl" / m.split(".")[1]).is_dir())
-    assert root == ["hpcfl.__main__", "hpcfl.api", "hpcfl.errors", "hpcfl.inputs", "hpcfl.params", "hpcfl.results",
-                    "hpcfl.rng", "hpcfl.signals", "hpcfl.state", "hpcfl.version"]
+    assert root == ["hpcfl.__main__", "hpcfl.api", "hpcfl.errors", "hpcfl.inputs", "hpcfl.params", "hpcfl.plugins",
+                    "hpcfl.results", "hpcfl.rng", "hpcfl.signals", "hpcfl.state", "hpcfl.version"]
 
 
 def test_no_import_circle(real):
