@@ -8,6 +8,8 @@ and where their files are.
 * :func:`natural_groups`: the clients' training rows and their own test rows as
   :class:`hpcfl.data.partition.Groups`, from where each user's rows are (a reader may keep the rows
   in the order it read them: LEAF's in file order), in linear time plus one sort of the ids.
+* :func:`ids_clients`: the same from one client id per row (npz's and dataset plug-ins' ``client``
+  and ``client_test`` arrays).
 * :func:`resolve`, :func:`listing`, :func:`paths_check`: a ``train``/``test`` option is a file or a
   folder, absolute or relative to ``data.root`` (as ``data.npz.file``).
 """
@@ -19,7 +21,7 @@ import os
 import numpy as np
 
 from ..errors import DataError
-from .partition import Groups
+from .partition import Groups, groups_from_owner
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -117,3 +119,23 @@ def paths_check(name: str, keys: tuple[str, ...]):
                                 f"folder, absolute or relative to data.root)")
         return problems
     return check
+
+
+def ids_clients(client: np.ndarray | None, client_test: np.ndarray | None):
+    """Natural clients from per-row ids (an npz's or a dataset plug-in's ``client`` arrays): (clients,
+    own test rows), each Groups or None.
+
+    The distinct ids of ``client`` (n,), ascending, are clients 0..K-1; a client's rows keep
+    the arrays' order. ``client_test`` (n_test,) gives each client its own test rows; a test
+    row whose id is no training client's stays in the global test set and belongs to no client.
+    No client with a test row: None (per-client evaluation then draws its rows).
+    """
+    if client is None:
+        return None, None
+    uniq, owner = np.unique(client, return_inverse=True)
+    clients = groups_from_owner(owner.reshape(-1), len(uniq))
+    if client_test is None or not len(uniq):
+        return clients, None
+    at = np.minimum(np.searchsorted(uniq, client_test), len(uniq) - 1)
+    own = groups_from_owner(np.where(uniq[at] == client_test, at, -1), len(uniq))
+    return clients, (own if own.sizes.sum() else None)

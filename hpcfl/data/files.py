@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from .cifar import Cifar10Options, Cifar100Options, load_cifar10, load_cifar100
-from .clients import paths_check
+from .clients import ids_clients, paths_check
 from .container import Dataset, DatasetSpec, check_arrays
 from .disk import _find_dir, _open, root_check
 from .idx import (
@@ -37,7 +37,6 @@ from .idx import (
     load_emnist,
 )
 from .leaf import LeafOptions, load_leaf
-from .partition import groups_from_owner
 from .tff import TffOptions, load_tff
 
 # ------------------------------------------------------------------------------- npz
@@ -77,7 +76,7 @@ def load_npz(opts: NpzOptions, root: str | None, seed: int) -> Dataset:
     (normalise them beforehand). Without a test split, ``test_fraction`` of the samples,
     chosen with ``default_rng(seed)``, become the test set (with their ``client`` ids, which
     then are the clients' own test rows). ``client`` (n,) and ``client_test`` (n_test,) are
-    integer ids of natural clients (:func:`npz_clients`).
+    integer ids of natural clients (:func:`hpcfl.data.clients.ids_clients`).
     """
     path = _npz_path(opts, root)
     exp = "an .npz archive with arrays x and y (optionally x_test and y_test, client and client_test)"
@@ -135,31 +134,12 @@ def load_npz(opts: NpzOptions, root: str | None, seed: int) -> Dataset:
     num_classes = opts.num_classes or top
     if top > num_classes:
         raise DataError(f"{path}: labels go up to {top - 1} but data.npz.num_classes = {num_classes}")
-    clients, own_test = npz_clients(client, client_test)
+    clients, own_test = ids_clients(client, client_test)
     return Dataset(
         name="npz", x_train=np.ascontiguousarray(x, dtype=np.float32), y_train=y,
         x_test=np.ascontiguousarray(xte, dtype=np.float32), y_test=yte, num_classes=num_classes,
         input_shape=tuple(x.shape[1:]), augment=opts.augment, natural_clients=clients, natural_test=own_test,
     )
-
-
-def npz_clients(client: np.ndarray | None, client_test: np.ndarray | None):
-    """Natural clients from per-row ids: (clients, own test rows), each Groups or None.
-
-    The distinct ids of ``client`` (n,), ascending, are clients 0..K-1; a client's rows keep
-    the archive's order. ``client_test`` (n_test,) gives each client its own test rows; a test
-    row whose id is no training client's stays in the global test set and belongs to no client.
-    No client with a test row: None (per-client evaluation then draws its rows).
-    """
-    if client is None:
-        return None, None
-    uniq, owner = np.unique(client, return_inverse=True)
-    clients = groups_from_owner(owner.reshape(-1), len(uniq))
-    if client_test is None or not len(uniq):
-        return clients, None
-    at = np.minimum(np.searchsorted(uniq, client_test), len(uniq) - 1)
-    own = groups_from_owner(np.where(uniq[at] == client_test, at, -1), len(uniq))
-    return clients, (own if own.sizes.sum() else None)
 
 
 ON_DISK = {

@@ -15,7 +15,7 @@ Dataset contract::
 numpy arrays or torch tensors. ``client`` ids may be any integers: the sorted distinct ids are
 clients 0..K-1 (client 0 is the smallest id), so ``data.partition = "natural"`` with
 ``data.num_clients = K`` gives client k the rows of the k-th smallest id, as an npz's ``client``
-array does (:func:`hpcfl.data.files.npz_clients`). ``client_test`` gives each client its own test
+array does (:func:`hpcfl.data.clients.ids_clients`). ``client_test`` gives each client its own test
 rows, which per-client evaluation then uses; a test row whose id is no training client's stays in
 the global test set only (as a LEAF test user who is no training user).
 
@@ -39,8 +39,8 @@ import numpy as np
 
 from ..errors import ConfigError, DataError, nearest
 from ..plugins import Plugin, raised_at
+from .clients import ids_clients
 from .container import Dataset, check_arrays
-from .files import npz_clients
 
 REQUIRED = ("x", "y", "x_test", "y_test")
 OPTIONAL = ("client", "client_test", "num_classes")
@@ -128,7 +128,7 @@ def _clients(plugin: Plugin, client: np.ndarray, n: int, client_test, m: int):
         if ids.ndim != 1 or ids.dtype.kind not in "iu" or len(ids) != rows:
             raise DataError(f"{plugin.label}: {key} is {ids.dtype} of shape {ids.shape}; expected one integer client "
                             f"id per {'training' if key == 'client' else 'test'} row, shape ({rows},)")
-    return npz_clients(client.astype(np.int64), None if client_test is None else client_test.astype(np.int64))
+    return ids_clients(client.astype(np.int64), None if client_test is None else client_test.astype(np.int64))
 
 
 def split(plugin: Plugin, labels: np.ndarray, num_clients: int, options, seed: int) -> list[np.ndarray]:
