@@ -1,7 +1,8 @@
 """Job configuration: TOML job files loaded into frozen dataclasses.
 
 A job file has the sections ``[run] [data] [model] [algorithm] [runtime]`` (and
-``[system]`` for the simulated clock). Components chosen by name take their own options
+``[system]`` for the simulated clock; ``[paper]`` for the paper's figures a paper job quotes,
+checked by :mod:`hpcfl.config.paper` and ignored by the run). Components chosen by name take their own options
 from a sub-table named after them, e.g. ``[data] partition = "dirichlet"`` with
 ``[data.dirichlet] alpha = 0.5``. ``--set a.b=value`` overrides any key; ``value`` is
 parsed as a TOML value (``--set algorithm.lr=0.05``, ``--set model.mlp.hidden=[64,32]``)
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from ..algorithms import milestone_rounds, registry
 from ..errors import ConfigError
 from ..plugins import is_plugin, table_name
-from . import sections
+from . import paper, sections
 from .components import component_options, table_clashes
 from .notices import missing_tables
 from .options import build, build_partial
@@ -207,10 +208,13 @@ def from_dict(table: dict, job_dir=None) -> Config:
     registry.check_plugins()   # $HPCFL_ALGORITHMS: a module that failed to import is the job's problem
     search = [job_dir] if isinstance(job_dir, (str, os.PathLike)) else list(job_dir or ())
     problems: list[str] = []
-    known = {"run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog", "results"}
+    known = {"run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard", "watchdog", "results",
+             "paper"}
     for k, v in table.items():
         if k == "sweep":   # a grid of jobs, not one job: hpcfl sweep expands it and runs every point
             problems.append(SWEEP_REFUSED)
+        elif k == "paper":   # the paper's figures a paper job quotes: checked here, not part of the run
+            problems += paper.read(v)[1]
         elif k not in known:
             problems.append(f"unknown section [{k}]; valid sections: {', '.join(sorted(known))}")
         elif not isinstance(v, dict):
