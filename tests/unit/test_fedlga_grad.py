@@ -87,3 +87,28 @@ def test_the_clock_charges_a_slow_clients_full_pass(proxy):
         extra = np.where(short, passes, 0) if proxy == "full_grad" else 0
         np.testing.assert_allclose(c["sim_time"], (c["steps"] + extra) * 0.01, rtol=1e-6)
     assert slow > 0, "no slow client: the test would prove nothing"
+
+
+@pytest.mark.parametrize("key", ["variant", "grad_proxy"])
+def test_the_labels_say_the_same_in_the_help_the_defaults_and_the_docs(key, capsys):
+    """The option help of ``variant`` and ``grad_proxy`` is what ``hpcfl config --defaults algorithm.lga``
+    prints and, without its backticks, the meaning column of docs/algorithms/fedlga.md's table; and it
+    says what the docs say: B_alg1's guard is not the paper's, full_grad is the paper's G, last_grad a
+    one-mini-batch estimate with weight decay."""
+    import dataclasses
+    from pathlib import Path
+
+    from hpcfl import cli
+    from hpcfl.algorithms.fedlga import LgaOptions
+
+    help_ = next(f for f in dataclasses.fields(LgaOptions) if f.name == key).metadata["help"]
+    assert cli.main(["config", "--defaults", "algorithm.lga"]) == 0
+    printed = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert help_ in printed
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "algorithms" / "fedlga.md").read_text()
+    row = next(line for line in doc.splitlines() if line.startswith(f"| `{key}` |"))
+    assert row.split(" | ")[2].removesuffix(" |").replace("`", "") == help_.removesuffix("; docs/algorithms/fedlga.md")
+    want = {"variant": ["guard the paper does not have", "alpha_min = 0", "the proof's Delta"],
+            "grad_proxy": ["full_grad = the paper's G", "no weight decay", "last_grad = a cheaper estimate",
+                           "one mini-batch plus weight decay"]}[key]
+    assert all(w in help_ for w in want), help_
