@@ -32,15 +32,17 @@ MUTATIONS = [
     ("A_table1 given B's signs", LGA, '"A_table1": (1.0, 1.0)', '"A_table1": (1.0, -1.0)', [READINGS]),
     ("last_grad ignored (g = D / (lr S))", LGA, "        g = grad\n",
      "        g = D / (lr * steps)\n", [READINGS]),
-    ("last gradient taken at x^t, not x^t + D", GRAD, "c.model.load(c.x0 + res.delta)\n    c.model.module.train()\n"
-     "    x, y", "c.model.load(c.x0)\n    c.model.module.train()\n    x, y", [READINGS]),
+    ("last gradient taken at x^t, not x^t + D", GRAD,
+     ("c.model.load(c.x0 + res.delta)\n    c.model.module.train()\n    x, y"),
+     "c.model.load(c.x0)\n    c.model.module.train()\n    x, y", [READINGS]),
     ("full_grad computed by last_gradient", LGA, '{"full_grad": full_gradient', '{"full_grad": last_gradient', [FULL]),
     ("full_grad on one batch", GRAD, "    for lo in range(0, n, chunk):\n        hi = min(lo + chunk, n)\n",
      "    for lo in (0,):\n        hi = n = min(c.trainer.batch_size, n)\n", [FULL]),
     ("full_grad with weight decay", GRAD, "    return (total / n).cpu().numpy()",
      "    return (total / n + c.weight_decay * c.model.weights.detach().double()[:P]).cpu().numpy()", [FULL]),
-    ("full_grad taken at x^t, not x^t + D", GRAD, "c.model.load(c.x0 + res.delta)\n    c.model.module.train()\n"
-     "    total", "c.model.load(c.x0)\n    c.model.module.train()\n    total", [FULL]),
+    ("full_grad taken at x^t, not x^t + D", GRAD,
+     ("c.model.load(c.x0 + res.delta)\n    c.model.module.train()\n    total"),
+     "c.model.load(c.x0)\n    c.model.module.train()\n    total", [FULL]),
     ("full_grad's pass not charged to the clock", LGA, "        return full_steps_of_pass(ctx.sizes, self.batch_size)",
      "        return None", [FULL]),
     ("B_alg1 guard removed", LGA, 'return 0.0 if self.variant == "B_alg1"', 'return -np.inf if self.variant == "B_alg1"',
@@ -72,7 +74,7 @@ def main() -> None:
     for name, path, old, new, tests in [*MUTATIONS, ("none (control)", LGA, "", "", [READINGS, CDEP, LITERAL, FULL])]:
         with tempfile.TemporaryDirectory() as tmp:
             tree = pathlib.Path(tmp)
-            for part in ("hpcfl", "tests", "setup.cfg"):
+            for part in ("hpcfl", "tests", "docs", "setup.cfg"):   # docs: the labels test reads fedlga.md
                 src = ROOT / part
                 (shutil.copytree if src.is_dir() else shutil.copy)(src, tree / part)
             text = (tree / path).read_text()

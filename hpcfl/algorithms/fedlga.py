@@ -58,7 +58,7 @@ from typing import Optional
 
 import numpy as np
 
-from .fedlga_grad import full_gradient, full_steps_of_pass, last_gradient  # noqa: F401 (last_gradient: API)
+from .fedlga_grad import full_gradient, full_steps_of_pass, last_gradient
 from .protocol import Field, Segment, ServerArray
 from .server import AverageRule, divide_
 
