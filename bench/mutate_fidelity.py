@@ -1,6 +1,6 @@
 """Mutation table of the FedLGA-reading and GIFT-rule tests: each mutation must make its tests fail.
 
-    python bench/mutate_fidelity.py            # 12 mutations, about 1-2 min of CPU
+    python bench/mutate_fidelity.py            # 17 mutations, about 2-3 min of CPU
 
 Each mutation is one textual change to a copy of the package in a temporary folder (the working
 tree is never touched); the listed tests run against that copy, and the table says whether they
@@ -17,6 +17,8 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LGA = "hpcfl/algorithms/fedlga.py"
+GRAD = "hpcfl/algorithms/fedlga_grad.py"
+FULL = "tests/unit/test_fedlga_grad.py"
 TAU = "hpcfl/algorithms/tau_control.py"
 READINGS = "tests/unit/test_fedlga_readings.py"
 CDEP = "tests/unit/test_gift_c_dependence.py"
@@ -30,8 +32,19 @@ MUTATIONS = [
     ("A_table1 given B's signs", LGA, '"A_table1": (1.0, 1.0)', '"A_table1": (1.0, -1.0)', [READINGS]),
     ("last_grad ignored (g = D / (lr S))", LGA, "        g = grad\n",
      "        g = D / (lr * steps)\n", [READINGS]),
-    ("last gradient taken at x^t, not x^t + D", LGA, "c.model.load(c.x0 + res.delta)", "c.model.load(c.x0)",
-     [READINGS]),
+    ("last gradient taken at x^t, not x^t + D", GRAD,
+     ("c.model.load(c.x0 + res.delta)\n    c.model.module.train()\n    x, y"),
+     "c.model.load(c.x0)\n    c.model.module.train()\n    x, y", [READINGS]),
+    ("full_grad computed by last_gradient", LGA, '{"full_grad": full_gradient', '{"full_grad": last_gradient', [FULL]),
+    ("full_grad on one batch", GRAD, "    for lo in range(0, n, chunk):\n        hi = min(lo + chunk, n)\n",
+     "    for lo in (0,):\n        hi = n = min(c.trainer.batch_size, n)\n", [FULL]),
+    ("full_grad with weight decay", GRAD, "    return (total / n).cpu().numpy()",
+     "    return (total / n + c.weight_decay * c.model.weights.detach().double()[:P]).cpu().numpy()", [FULL]),
+    ("full_grad taken at x^t, not x^t + D", GRAD,
+     ("c.model.load(c.x0 + res.delta)\n    c.model.module.train()\n    total"),
+     "c.model.load(c.x0)\n    c.model.module.train()\n    total", [FULL]),
+    ("full_grad's pass not charged to the clock", LGA, "        return full_steps_of_pass(ctx.sizes, self.batch_size)",
+     "        return None", [FULL]),
     ("B_alg1 guard removed", LGA, 'return 0.0 if self.variant == "B_alg1"', 'return -np.inf if self.variant == "B_alg1"',
      [READINGS]),
     ("literal: phase switch restored", TAU, "(literal or self.phase", "(self.phase", [LITERAL]),
@@ -58,10 +71,10 @@ def main() -> None:
     print("| mutation | file | tests | result |")
     print("|---|---|---|---|")
     ok = True
-    for name, path, old, new, tests in [*MUTATIONS, ("none (control)", LGA, "", "", [READINGS, CDEP, LITERAL])]:
+    for name, path, old, new, tests in [*MUTATIONS, ("none (control)", LGA, "", "", [READINGS, CDEP, LITERAL, FULL])]:
         with tempfile.TemporaryDirectory() as tmp:
             tree = pathlib.Path(tmp)
-            for part in ("hpcfl", "tests", "setup.cfg"):
+            for part in ("hpcfl", "tests", "docs", "setup.cfg"):   # docs: the labels test reads fedlga.md
                 src = ROOT / part
                 (shutil.copytree if src.is_dir() else shutil.copy)(src, tree / part)
             text = (tree / path).read_text()

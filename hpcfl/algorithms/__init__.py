@@ -200,6 +200,11 @@ class Algorithm:
         ups, downs = zip(*(p.transfer() for p in self.policies))
         return sum(ups), sum(downs)
 
+    def finish_steps(self, ctx: RoundContext) -> np.ndarray | int:
+        """Steps of compute (k,) a client short of its full work runs after training (0: none)."""
+        extra = [e for e in (p.finish_steps(ctx) for p in self.policies) if e is not None]
+        return sum(np.asarray(e, dtype=np.int64) for e in extra) if extra else 0
+
     # ---- the round ---------------------------------------------------------------
     def begin_round(self, rnd: int, rounds: int) -> float:
         """Set and return the round's client lr."""

@@ -12,17 +12,19 @@ Dbar = sum_{K2} p_j D_j / sum_{K2} p_j, every incomplete client's update is repl
 
 with G_i = g_i g_i^T applied as g_i (g_i . v) (``hessian = "rank1"``, never an n x n matrix)
 or diag(g_i * g_i) (``"diag"``), and g_i (``grad_proxy``): ``"avg_update"`` D_i / (lr S_i),
-``"raw_update"`` D_i, or ``"last_grad"`` the mini-batch gradient of the local objective at the
-client's last iterate x^t + D_i (Eq. 6 of the paper: the client sends one more (P,) vector; here
-the owning rank computes it on one batch of the client's data keyed by (seed, round, client)).
+``"raw_update"`` D_i, ``"full_grad"`` the paper's G (Eq. 6): the gradient of the client's whole
+local objective F_i (all its samples, no weight decay) at its last iterate x^t + D_i, or
+``"last_grad"`` a cheaper estimate of it on one mini-batch, plus weight decay (hpcfl.algorithms.
+fedlga_grad computes both on the rank that holds the client; the client sends one more (P,) vector).
 The signs (beta, sigma) are the reading of the paper's sign convention (``variant``,
 docs/algorithms/fedlga.md derives each from the paper's lines):
 
-- ``"B_alg1"``, (+1, -1): the paper as printed. Algorithm 1 returns Delta = w_{E_i} - w^t, so
-  Algorithm 2 line 7 gives w_bar = w^t + Dbar, line 11 (Eq. 5) D + G (w_bar - w_{E_i}) =
-  D + lam G (Dbar - D), and line 14 / Eq. 7 step with a plus sign; no sign is changed. For
-  avg_update and raw_update its alpha_i = 1 - lam ||g||^2 (...) can turn a slow update around,
-  so alpha_min defaults to 0 for it (the guard, see ``alpha_min``);
+- ``"B_alg1"``, (+1, -1): the paper's algorithm as printed. Algorithm 1 returns Delta = w_{E_i} - w^t,
+  so Algorithm 2 line 7 gives w_bar = w^t + Dbar, line 11 (Eq. 5) D + G (w_bar - w_{E_i}) =
+  D + lam G (Dbar - D), and line 14 / Eq. 7 step with a plus sign; no sign is changed (Table I and
+  Section II-B print the opposite Delta; the convergence proof uses this one). hpcfl adds a guard the
+  paper does not have: alpha_i is clipped at alpha_min = 0 unless alpha_min is set (its alpha_i =
+  1 - lam ||g||^2 (...) can turn a slow update around);
 - ``"C_pseudo"`` (default), (-1, +1): a motivated deviation. Table I's pseudo-gradients
   Delta = w^t - w_{E_i} with three printed signs flipped (line 7, line 14, Eq. 7),
   D~_i = D_i + lam G_i (D_i - Dbar); with g parallel to D it extends slow updates late in
@@ -33,11 +35,11 @@ docs/algorithms/fedlga.md derives each from the paper's lines):
 Then the server averages sum_i p_i D~_i / sum_i p_i as FedAvg does (and the server optimizer
 applies server_lr, the paper's eta_g). Under rank1 + avg_update, D~_i = alpha_i D_i with
 alpha_i = 1 + lam (beta D_i . Dbar + sigma ||D_i||^2) / (lr S_i)^2: the "Hessian correction" is
-a per-client scalar. With last_grad the correction lam (g . v) g leaves D_i's direction.
+a per-client scalar. With full_grad or last_grad the correction lam (g . v) g leaves D_i's direction.
 
 Reductions (all exact):
 
-- rank1 (and diag with ``corr_clip_ratio`` or ``last_grad``): two. Every rank holds its slow clients'
+- rank1 (and diag with ``corr_clip_ratio`` or a gradient proxy): two. Every rank holds its slow clients'
   results; one sum of [p D | p] over the complete clients gives Dbar on every rank
   (``release``); the owning rank corrects its slow clients, which then join the round's
   one training reduction. alpha_i is gathered for the records.
@@ -56,6 +58,7 @@ from typing import Optional
 
 import numpy as np
 
+from .fedlga_grad import full_gradient, full_steps_of_pass, last_gradient
 from .protocol import Field, Segment, ServerArray
 from .server import AverageRule, divide_
 
@@ -65,6 +68,8 @@ from .server import AverageRule, divide_
 # w^t - mean Delta and line 14 w^t - eta_g mean Delta~: Delta~_i = -D_i + G (Dbar - D_i), i.e. C_pseudo. Displacements
 # Delta = x_i - w^t read literally: B_alg1. Line 7 literal with pseudo-gradients, line 14 flipped: A_table1.
 VARIANTS = {"C_pseudo": (-1.0, 1.0), "B_alg1": (1.0, -1.0), "A_table1": (1.0, 1.0)}
+# grad_proxy -> the function that computes g at the slow client's last iterate on its rank
+GRADIENTS = {"full_grad": full_gradient, "last_grad": last_gradient}
 
 
 @dataclass(frozen=True)
@@ -73,19 +78,23 @@ class LgaOptions:
 
     variant: str = field(default="C_pseudo", metadata={
         "choices": tuple(VARIANTS),
-        "help": "sign reading of the paper: B_alg1 is the paper as printed (Alg. 1-2, Eq. 5, 7), D + G(Dbar - D), "
-                "guarded by alpha_min = 0; C_pseudo (default) is a motivated deviation (Table I's pseudo-gradients, "
-                "three printed signs flipped), D + G(D - Dbar); A_table1 is inconsistent, D + G(Dbar + D); "
-                "docs/algorithms/fedlga.md"})
+        "help": "sign reading of the paper: B_alg1 is the algorithm as printed (Alg. 1-2, Eq. 5, 7; the proof's "
+                "Delta; Table I and Sec. II-B print the opposite), D + G(Dbar - D), plus a guard the paper does "
+                "not have: alpha_i clipped at alpha_min = 0; C_pseudo (default) is a motivated deviation (Table "
+                "I's pseudo-gradients, three printed signs flipped), D + G(D - Dbar); A_table1 is inconsistent, "
+                "D + G(Dbar + D); docs/algorithms/fedlga.md"})
     hessian: str = field(default="rank1", metadata={
         "choices": ("rank1", "diag"),
         "help": "Hessian estimate: rank1 = g g^T (two reductions a round), diag = diag(g g^T) (one fused reduction; "
-                "two with last_grad)"})
+                "two with full_grad or last_grad)"})
     grad_proxy: str = field(default="avg_update", metadata={
-        "choices": ("avg_update", "raw_update", "last_grad"),
-        "help": "the gradient inside G: avg_update = D_i / (lr S_i), raw_update = D_i (both parallel to D_i), "
-                "last_grad = the paper's Eq. 6, the gradient at the slow client's last iterate (one more P-vector "
-                "uploaded and one more forward-backward per slow client)"})
+        "choices": ("avg_update", "raw_update", "full_grad", "last_grad"),
+        "help": "the gradient inside G: avg_update = D_i / (lr S_i), raw_update = D_i (both parallel to D_i); "
+                "full_grad = the paper's G (Eq. 6), the gradient of the whole local objective (all the client's "
+                "samples, no weight decay) at the slow client's last iterate (one more P-vector up, every "
+                "client; ceil(n_i / batch_size) more steps of compute for a slow client, on the simulated "
+                "clock); last_grad = a cheaper estimate, the gradient on one mini-batch plus weight decay (one "
+                "more P-vector up, one more forward-backward)"})
     lam: float = field(default=1.0, metadata={
         "ge": 0, "help": "scale lambda of the correction; 1 is the paper's, 0 gives FedAvg"})
     alpha_min: Optional[float] = field(default=None, metadata={
@@ -145,7 +154,8 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
     lr : float
         The round's client learning rate.
     grad : (P,) float64 or None
-        The gradient at the client's last iterate (``grad_proxy = "last_grad"``; required then).
+        The gradient at the client's last iterate (``grad_proxy`` ``"full_grad"`` or ``"last_grad"``;
+        required then).
 
     Returns
     -------
@@ -153,9 +163,9 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
     Costs O(P) time and memory.
     """
     # At most three (P,) temporaries live at once (g, v or corr, the result): memory O(P).
-    if opts.grad_proxy == "last_grad":
+    if opts.grad_proxy in GRADIENTS:
         if grad is None:
-            raise ValueError("grad_proxy = 'last_grad' needs the gradient at the client's last iterate")
+            raise ValueError(f"grad_proxy = {opts.grad_proxy!r} needs the gradient at the client's last iterate")
         g = grad
     else:
         g = D / (lr * steps) if opts.grad_proxy == "avg_update" else D
@@ -176,7 +186,7 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
             hi = min(hi, full_steps / steps)
         if not lo <= alpha <= hi:
             clipped = float(np.clip(alpha, lo, hi))
-            if opts.grad_proxy == "last_grad":   # shrink the correction, keeping its direction
+            if opts.grad_proxy in GRADIENTS:     # shrink the correction, keeping its direction
                 corr *= (clipped - 1.0) / (alpha - 1.0)
             else:                                # corr is parallel to D: the same, written exactly
                 corr = (clipped - 1.0) * D
@@ -193,26 +203,6 @@ def correct(D: np.ndarray, steps: int, full_steps: int, dbar: np.ndarray, lr: fl
     return D + corr, float("nan")
 
 
-def last_gradient(ctx, j: int, res, P: int) -> np.ndarray:
-    """The paper's g_i (Eq. 6): the gradient of client ``j``'s local objective at its last iterate.
-
-    One mini-batch of the trainer's batch size, drawn from the client's data with the generator
-    keyed by (seed, STATS, round, client), so the value does not depend on which rank computes it;
-    plus the L2 term of weight decay. Costs one forward-backward; returns (P,) float64.
-    """
-    # torch, imported here: reading a job must not import it
-    from ..client.stats import stats_sample
-
-    c = ctx.clients
-    c.model.load(c.x0 + res.delta)
-    c.model.module.train()
-    x, y = c.data(j, stats_sample(int(ctx.sizes[j]), c.trainer.batch_size, c.generator(j)))
-    g = c.model.grad(c.loss_fn(c.model.module(x), y)).detach().double()
-    if c.weight_decay:
-        g = g + c.weight_decay * c.model.weights.detach().double()
-    return g.cpu().numpy()[:P]
-
-
 class LgaRule(AverageRule):
     """The FedLGA server rule: FedAvg's weighted mean of the corrected updates.
 
@@ -226,6 +216,8 @@ class LgaRule(AverageRule):
         P, the trainable prefix of the flat update (buffers are never corrected).
     normalize : bool
         Divide by the cohort's weight sum (False under unbiased sampling).
+    batch_size : int
+        B, the clients' batch size: a full_grad pass over n_i samples costs ceil(n_i / B) steps.
     """
 
     client_fields = {
@@ -242,11 +234,12 @@ class LgaRule(AverageRule):
 
     tensors = False
 
-    def __init__(self, opts: LgaOptions, num_params: int, normalize: bool = True):
+    def __init__(self, opts: LgaOptions, num_params: int, normalize: bool = True, batch_size: int = 1):
         super().__init__(num_params, normalize)
         self.opts = opts
-        # last_grad needs the gradient at the last iterate, computed in release: the two-reduction path
-        self.fused = opts.hessian == "diag" and opts.corr_clip_ratio is None and opts.grad_proxy != "last_grad"
+        self.batch_size = int(batch_size)
+        # a gradient at the last iterate is computed in release: the two-reduction path
+        self.fused = opts.hessian == "diag" and opts.corr_clip_ratio is None and opts.grad_proxy not in GRADIENTS
         self.no_full_rounds = 0
         self._full_rows: list[np.ndarray] = []
         self._round = {}
@@ -296,8 +289,9 @@ class LgaRule(AverageRule):
         if sums[P] > 0:
             dbar = sums[:P] / sums[P]
             where = {int(j): i for i, j in enumerate(ctx.mine)}
+            gradient = GRADIENTS.get(self.opts.grad_proxy)
             for j, _, res in held:
-                grad = last_gradient(ctx, int(j), res, P) if self.opts.grad_proxy == "last_grad" else None
+                grad = gradient(ctx, int(j), res, P) if gradient is not None else None
                 new, a = correct(res.host()[:P], res.steps, int(ctx.full_steps[j]), dbar, ctx.lr, self.opts, grad)
                 # a copy: host() may be a view of res.delta, which SCAFFOLD or FedDyn must still see as
                 # the client's real update
@@ -313,13 +307,20 @@ class LgaRule(AverageRule):
         self._round["time"] = time.perf_counter() - t0
         if self.opts.hessian == "rank1":
             self._round["alpha"] = ctx.collective.gather("lga_alpha", ctx.mine, alpha, len(ctx.cohort))[:, 0]
-        if self.opts.grad_proxy == "last_grad" and held:
-            ctx.clients.load_x0()     # last_gradient loaded each slow client's last iterate
+        if self.opts.grad_proxy in GRADIENTS and held:
+            ctx.clients.load_x0()     # the gradient loaded each slow client's last iterate
 
     def transfer(self) -> tuple[int, int]:
-        # last_grad: a slow client uploads its last gradient; the clock charges every client (it cannot
-        # know in advance whether the server will need it), so the figure is an upper bound
-        return (self.num_params, 0) if self.opts.grad_proxy == "last_grad" else (0, 0)
+        # full_grad, last_grad: a slow client uploads its gradient; the clock charges every client (the
+        # upload size is fixed before the round), so the figure is an upper bound
+        return (self.num_params, 0) if self.opts.grad_proxy in GRADIENTS else (0, 0)
+
+    def finish_steps(self, ctx) -> np.ndarray | None:
+        # full_grad: a client that stops short of its full work makes one more pass over its n_i samples
+        # before it uploads, forward-backward without updates: ceil(n_i / B) steps' worth of compute
+        if self.opts.grad_proxy != "full_grad":
+            return None
+        return full_steps_of_pass(ctx.sizes, self.batch_size)
 
     # ---- server -------------------------------------------------------------------------
     def aggregate(self, delta_sum: np.ndarray, s: dict, seg: dict | None = None) -> np.ndarray:

@@ -35,7 +35,8 @@ the clients a rank owns) and :class:`ServerArray` (held on rank 0, optionally br
 to every rank after each server step). Checkpoints stream client rows to rank 0 in client-id
 order and send them to their owners on resume, a block at a time, so a run resumes
 bit-exactly on any rank count. :meth:`Policy.transfer` says how many extra floats a client sends and receives,
-for the simulated clock.
+and :meth:`Policy.finish_steps` how much compute a client short of its full work runs after
+training, for the simulated clock.
 
 Records are declared as :class:`Field` s (dtype, unit, one-line description) and land in
 ``results.h5`` under ``/clients/<name>`` and ``/metrics/<name>`` with those attributes.
@@ -274,6 +275,12 @@ class Policy:
     def transfer(self) -> tuple[int, int]:
         """Extra floats a client uploads and downloads per round (beyond the model)."""
         return 0, 0
+
+    def finish_steps(self, ctx: RoundContext) -> np.ndarray | None:
+        """Steps' worth of compute (k,) that a client which stops short of ``full_steps`` runs after
+        training, before it uploads (FedLGA's full_grad: one pass over its data); None: nothing.
+        The simulated clock charges it and, under a deadline, has such a client stop early enough."""
+        return None
 
 
 class ServerRule(Policy):

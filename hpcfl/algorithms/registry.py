@@ -111,7 +111,7 @@ WEIGHTS = {
 SERVER = {
     "average": lambda b: AverageRule(b.num_params, _a(b).sampling != "unbiased"),
     "nova": lambda b: NovaRule(b.options, b.num_params, _a(b).mu > 0, _a(b).sampling != "unbiased"),
-    "lga": lambda b: LgaRule(b.options, b.num_params, _a(b).sampling != "unbiased"),
+    "lga": lambda b: LgaRule(b.options, b.num_params, _a(b).sampling != "unbiased", _a(b).batch_size),
     "dyn": lambda b: _mod("feddyn").DynRule(b.options, b.num_params, b.num_clients, _a(b).sampling != "unbiased"),
 }
 OPTIONS = {

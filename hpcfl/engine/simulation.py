@@ -156,7 +156,8 @@ def _rounds(s: Setup, on_round, start: int, sim_time: float, x, control, checkpo
         ctx.clients.x0 = x0
         algo.decide(ctx)
         if s.system is not None:
-            ctx.plan = s.system.plan(rnd, ctx.cohort, ctx.steps, B, _granularity(s, ctx))
+            ctx.plan = s.system.plan(rnd, ctx.cohort, ctx.steps, B, _granularity(s, ctx),
+                                     finish_steps=algo.finish_steps(ctx), full_steps=ctx.full_steps)
             ctx.steps = ctx.plan.steps
             sim_time += ctx.plan.duration_s
         if s.dealt:   # from here on "mine" is the share dealt to this rank; per-client rows follow

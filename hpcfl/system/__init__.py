@@ -25,7 +25,11 @@ Per client i of the round's cohort, with planned steps ``P_i``, batch size ``B_i
                = min(P_i, floor((deadline_s - download_i - upload_i - d_i) / step_i))
                  (floor taken with a relative slack of 1e-9; a negative budget gives 0;
                   if that is < P_i it is rounded down to a multiple of ``granularity``)
-    compute_i  = steps_i * step_i
+    compute_i  = (steps_i + f_i [steps_i < F_i]) * step_i
+    f_i, F_i   finishing steps and full work (``plan``'s finish_steps and full_steps; f_i = 0
+               unless a policy sets it, FedLGA's full_grad: ceil(n_i / B)): a client that
+               stops short of F_i computes f_i steps' worth more after training, and under a
+               deadline its steps_i are also at most floor((budget - f_i step_i) / step_i)
     total_i    = download_i + compute_i + d_i + upload_i      (arrival at the server)
 
 A client is dropped (``steps_i = 0``, all its times 0) when it is unavailable, when

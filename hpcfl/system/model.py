@@ -255,7 +255,8 @@ class SystemModel:
             raise ValueError(f"round must be non-negative, got {rnd}")
         return int(rnd)
 
-    def plan(self, rnd: int, clients, planned_steps, batch_sizes=1, granularity=1) -> RoundPlan:
+    def plan(self, rnd: int, clients, planned_steps, batch_sizes=1, granularity=1, finish_steps=0,
+             full_steps=None) -> RoundPlan:
         """Plan round ``rnd`` for the sampled ``clients``.
 
         Parameters
@@ -272,6 +273,13 @@ class SystemModel:
         granularity : int or int array
             A deadline-truncated client runs a multiple of this many steps (e.g. the
             client's steps per epoch to truncate to whole epochs). Default 1.
+        finish_steps : int or int array
+            Steps' worth of compute a participant runs after its local steps when these end
+            below ``full_steps`` (FedLGA's full_grad: a pass over its data for the gradient it
+            uploads). Charged to ``compute_s``; under a deadline such a client stops training
+            early enough to fit it. Default 0.
+        full_steps : int array or None
+            The full local work of each client (default: ``planned_steps``).
 
         Notes
         -----
@@ -297,11 +305,16 @@ class SystemModel:
             up = self.upload_bytes * 8.0 / (prof["uplink_mbps"] * 1e6)
         delay = self.delay(rnd, c)
         avail = self.available(rnd, c)
+        finish = self._ints("finish_steps", finish_steps, n, 0)
+        full = planned if full_steps is None else self._ints("full_steps", full_steps, n, 0)
         steps = planned.copy()
         if o.deadline_s is not None:
             budget = o.deadline_s - down - up - delay
             fit = np.floor(np.maximum(budget, 0.0) / step_s * (1.0 + STEP_TOLERANCE))
             steps = np.minimum(fit, planned).astype(np.int64)
+            # a client that cannot do its full work must leave time for its finishing compute
+            fit = np.floor(np.maximum(budget - finish * step_s, 0.0) / step_s * (1.0 + STEP_TOLERANCE))
+            steps = np.where(steps < full, np.minimum(steps, fit), steps).astype(np.int64)
             gran = self._ints("granularity", granularity, n, 1)
             cut = steps < planned
             steps[cut] = steps[cut] // gran[cut] * gran[cut]
@@ -311,7 +324,7 @@ class SystemModel:
         reason[~avail] = UNAVAILABLE
         dropped = reason != OK
         steps = np.where(dropped, 0, steps)
-        compute = steps * step_s
+        compute = (steps + np.where(~dropped & (steps < full), finish, 0)) * step_s
         keep = ~dropped
         down, up, delay = (np.where(keep, a, 0.0) for a in (down, up, delay))
         total = down + compute + delay + up

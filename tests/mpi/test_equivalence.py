@@ -79,6 +79,13 @@ CASES = {
                                 "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
                                 "algorithm.straggler.tau_max": 4, "algorithm.straggler.tau_min": 2,
                                 "algorithm.lga.variant": "B_alg1", "algorithm.lga.grad_proxy": "last_grad"},
+    # the paper's G over all of a slow client's samples (more than one chunk), with weight decay in the job
+    # (which full_grad leaves out), on the clients' owner ranks
+    "fedlga_B_alg1_full_grad": {"algorithm.name": "fedlga", "algorithm.steps": "straggler", "run.rounds": 3,
+                                "algorithm.straggler.unit": "step", "algorithm.local_steps": 6,
+                                "algorithm.straggler.tau_max": 4, "algorithm.straggler.tau_min": 2,
+                                "algorithm.weight_decay": 0.001, "algorithm.lga.variant": "B_alg1",
+                                "algorithm.lga.grad_proxy": "full_grad"},
     "fedlga_A_diag_fused_prox": {"algorithm.name": "fedlga", "algorithm.local": "prox", "algorithm.mu": 0.1,
                                  "algorithm.steps": "straggler", "run.rounds": 3, "algorithm.straggler.unit": "step",
                                  "algorithm.local_steps": 6, "algorithm.straggler.tau_max": 4,

@@ -20,7 +20,7 @@ STRAGGLER = {"algorithm.steps": "straggler", "run.rounds": 3, "algorithm.local_s
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("name", ["fedlga", "feddyn", "fedlga_last_grad"])
+@pytest.mark.parametrize("name", ["fedlga", "feddyn", "fedlga_last_grad", "fedlga_full_grad"])
 def test_C3_client_records_do_not_depend_on_placement(name):
     """Block and round-robin placement on the same ranks give bitwise equal per-client records
     (steps, tau, loss, ||a||_1, weight, FedLGA's alpha_i) and the same final model.
@@ -31,9 +31,9 @@ def test_C3_client_records_do_not_depend_on_placement(name):
     slow clients that changed rank show that their updates, and the correction, are equal.
     """
     comm = MPI.COMM_WORLD
-    table = {**STRAGGLER, "algorithm.name": name.removesuffix("_last_grad")}
-    if name == "fedlga_last_grad":   # the paper's g: a gradient at the last iterate, computed by the owning rank
-        table["algorithm.lga.grad_proxy"] = "last_grad"
+    table = {**STRAGGLER, "algorithm.name": name.removesuffix("_last_grad").removesuffix("_full_grad")}
+    if name in ("fedlga_last_grad", "fedlga_full_grad"):   # a gradient at the last iterate (full_grad: the
+        table["algorithm.lga.grad_proxy"] = name[len("fedlga_"):]   # paper's G), computed by the owning rank
     block = run_memory(job(**table, **{"runtime.placement": "block"}), comm)
     robin = run_memory(job(**table, **{"runtime.placement": "round_robin"}), comm)
     if comm.rank != 0:

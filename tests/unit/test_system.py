@@ -100,6 +100,25 @@ def test_granularity_and_server_time(tmp_path):
     assert plan.duration_s == 10.25  # deadline (client 2 dropped by it) + server_s
 
 
+def test_finishing_compute_of_short_clients(tmp_path):
+    """finish_steps (FedLGA's full_grad pass) is charged only to clients that end below full_steps, and
+    under a deadline such a client stops early enough to fit it. Without a deadline, full work 10 steps:
+    client 0 runs 10 (complete, no pass), 1 and 2 were asked 6 (slow): compute (6 + 3) step_s."""
+    plan = three(tmp_path).plan(0, np.array([0, 1, 2]), np.array([10, 6, 6]), finish_steps=3,
+                                full_steps=np.array([10, 10, 10]))
+    np.testing.assert_array_equal(plan.steps, [10, 6, 6])
+    np.testing.assert_allclose(plan.compute_s, [5.0, 9.0, 18.0])   # 10 x 0.5, (6 + 3) x 1, (6 + 3) x 2
+    np.testing.assert_allclose(plan.total_s, [6.5, 12.0, 24.0])
+    # deadline 9.5 (budgets 8, 6.5, 3.5 as above): client 0 fits its 10 steps and needs no pass; client 1
+    # fits 6 < 10, so it keeps floor((6.5 - 2 x 1) / 1) = 4 steps and its 2-step pass; client 2 fits 1 step,
+    # floor((3.5 - 2 x 2) / 2) < 0: dropped
+    plan = three(tmp_path, deadline_s=9.5).plan(0, np.array([0, 1, 2]), 10, finish_steps=np.array([2, 2, 2]))
+    np.testing.assert_array_equal(plan.steps, [10, 4, 0])
+    np.testing.assert_array_equal(plan.reason, [OK, OK, DEADLINE])
+    np.testing.assert_allclose(plan.compute_s, [5.0, 6.0, 0.0])
+    np.testing.assert_allclose(plan.total_s, [6.5, 9.0, 0.0])
+
+
 def test_step_tolerance_floor():
     # 0.3 / 0.1 = 2.9999999999999996 in floats; the slack must still give 3 steps
     m = SystemModel(opts(compute_s=0.1, uplink_mbps=math.inf, deadline_s=0.3), 1, 0, MB)
