@@ -47,7 +47,7 @@ METHODS = {
     "FedLGA-C rank1": {"name": "fedlga", "lga": {"variant": "C_pseudo", "hessian": "rank1"}},
     "FedLGA-A rank1": {"name": "fedlga", "lga": {"variant": "A_table1", "hessian": "rank1"}},
     # B without its default guard alpha_min = 0: the table in the docstring measured it so
-    "FedLGA-B rank1": {"name": "fedlga", "lga": {"variant": "B_alg1", "hessian": "rank1", "alpha_min": -1e30}},
+    "FedLGA-B rank1": {"name": "fedlga", "lga": {"variant": "B_alg1", "hessian": "rank1", "alpha_min": float("-inf")}},
 }
 GATED = "FedLGA-C rank1"    # the default reading
 EARLY = 10          # the round of the soft gate

@@ -18,7 +18,7 @@ alpha_min = 0), C_pseudo (hpcfl's default, D + G(D - Dbar)), A_table1 (D + G(Dba
 G built from ``avg_update`` (g = D / (lr S), parallel to D: a per-client scale alpha_i),
 ``full_grad`` (the paper's G, Eq. 6: the gradient of the slow client's whole local objective at its
 last iterate) or ``last_grad`` (a one-mini-batch estimate of it, plus weight decay, here 0); and
-B_alg1 unguarded (alpha_min = -1e30) with avg_update, to show what the guard stops, and with
+B_alg1 unguarded (alpha_min = -inf) with avg_update, to show what the guard stops, and with
 full_grad: the paper's algorithm exactly.
 
 Printed: mean test accuracy over the seeds at round 5 and at the last round (per seed in
@@ -45,10 +45,10 @@ for _v in ("B_alg1", "C_pseudo", "A_table1"):
     for _p in ("avg_update", "full_grad", "last_grad"):
         METHODS[f"{_v} {_p}"] = {"name": "fedlga", "lga": {"variant": _v, "grad_proxy": _p}}
 # the printed reading without its guard (alpha_min = 0 by default for B_alg1)
-METHODS["B_alg1 avg_update unguarded"] = {"name": "fedlga", "lga": {"variant": "B_alg1", "alpha_min": -1e30}}
+METHODS["B_alg1 avg_update unguarded"] = {"name": "fedlga", "lga": {"variant": "B_alg1", "alpha_min": float("-inf")}}
 # the paper exactly: its G over the whole local objective, its signs, no guard
 METHODS["B_alg1 full_grad unguarded"] = {"name": "fedlga", "lga": {"variant": "B_alg1", "grad_proxy": "full_grad",
-                                                                   "alpha_min": -1e30}}
+                                                                   "alpha_min": float("-inf")}}
 
 JOBS = {
     "synthetic": ({"dataset": "lga_synthetic", "partition": "shards", "shards": {"shards_per_client": 2},

@@ -98,8 +98,10 @@ class LgaOptions:
     lam: float = field(default=1.0, metadata={
         "ge": 0, "help": "scale lambda of the correction; 1 is the paper's, 0 gives FedAvg"})
     alpha_min: Optional[float] = field(default=None, metadata={
-        "help": "rank1 only: clip alpha_i (the scale of D~_i along D_i) from below; unset: 0 for B_alg1 (its guard "
-                "against turning a slow update around), no clip for the other readings"})
+        "inf": True,
+        "help": "rank1 only: clip alpha_i (the scale of D~_i along D_i) from below; unset: 0 for B_alg1 (hpcfl's "
+                "guard against turning a slow update around, not the paper's), no clip for the other readings; "
+                "-inf: no clip (B_alg1 as the paper has it)"})
     alpha_max: Optional[float] = field(default=None, metadata={
         "help": "rank1 only: clip alpha_i from above; unset: no clip"})
     alpha_max_extrapolate: bool = field(default=False, metadata={

@@ -35,7 +35,7 @@ from hpcfl.parallel.comm import Collectives, ExactSum
 VARIANTS = ("C_pseudo", "B_alg1", "A_table1")
 # B_alg1's rank1 alpha_i is clipped at 0 unless alpha_min is set: the operator tests below check the unguarded
 # formula, so they lift the guard (test_fedlga_readings.py checks the guard itself)
-UNGUARDED = {"alpha_min": -1e30}   # finite: a job table carries it
+UNGUARDED = {"alpha_min": -math.inf}   # TOML writes it as -inf: a job table carries it
 SIGNS = {"C_pseudo": (-1.0, 1.0), "B_alg1": (1.0, -1.0), "A_table1": (1.0, 1.0)}    # (beta, sigma)
 # The three ways the rule can run: rank1 (two reductions), diag fused into the training reduction (one),
 # and diag with a correction clip, which needs Dbar first (two reductions); the clip is set far above any
@@ -373,3 +373,21 @@ def test_A7_correction_memory_is_linear(hessian):
     finally:
         tracemalloc.stop()
     assert n * 8 <= peak <= 4 * n * 8, peak
+
+
+def test_alpha_min_minus_inf_lifts_b_alg1s_guard_and_other_options_stay_finite():
+    """alpha_min = -inf (TOML's -inf) is the paper's B_alg1 with no clip: alpha = -2 passes through, while the
+    unset default clips it to 0 (hpcfl's guard). Other options still refuse an infinity."""
+    d = np.array([1.0, 0.0])                   # a slow client, D = (1, 0), S = 1 of E = 2 steps, lr 1
+    dbar = np.array([-2.0, 0.0])               # B: D + G(Dbar - D), G = g g^T, g = D / (lr S) = D:
+    #                                            alpha = 1 + (D.Dbar - ||D||^2) = 1 + (-2 - 1) = -2
+    free, a_free = correct(d, 1, 2, dbar, 1.0, LgaOptions(variant="B_alg1", alpha_min=-math.inf))
+    guarded, a_guarded = correct(d, 1, 2, dbar, 1.0, LgaOptions(variant="B_alg1"))
+    assert (a_free, a_guarded) == (-2.0, 0.0)
+    np.testing.assert_array_equal(free, [-2.0, 0.0])
+    np.testing.assert_array_equal(guarded, [0.0, 0.0])
+    table = {"run": {"rounds": 1}, "data": {"dataset": "digits"}, "model": {"name": "logreg"},
+             "algorithm": {"name": "fedlga", "lga": {"variant": "B_alg1", "alpha_min": -math.inf}}}
+    assert config.from_dict(table).to_dict()["algorithm"]["lga"]["alpha_min"] == -math.inf
+    with pytest.raises(config.ConfigError, match="lam = inf must be finite"):
+        config.from_dict({**table, "algorithm": {"name": "fedlga", "lga": {"lam": math.inf}}})
