@@ -3,6 +3,7 @@ on a run whose settings are the paper's, or is labelled as shown beside hpcfl's 
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def test_every_quote_sits_on_a_valid_run_of_the_papers_policies_or_is_labelled(j
 def test_the_families_count_of_quotes():
     count = {p.stem: len(config.read_job(p).get("paper", {}).get("quote", [])) for p in JOBS}
     assert count["gift_table2_lenet5"] == 4             # GIFT and FedAvg: accuracy and hours
-    assert count["fedlga_fmnist_mlp"] == 6 + 3           # six methods, FedLGA at tau_max 3, 2, 1
+    assert count["fedlga_fmnist_mlp"] == 6 + 3 + 4       # six methods, FedLGA at tau_max 3, 2, 1, and FedLGA's
+    #                                                      four again on the paper-exact run
     assert count["feddisco_cifar10_niid1"] == 12 + 1 + 4  # six methods x (size, disco), Table 13, Table 7
     assert count["feddisco_cifar10_partial"] == 24       # accuracy and rounds for six methods x 2
     assert count["fedgsnr_table1_pareto"] == 12          # Tables 1 and 3, three methods x 2
@@ -106,3 +108,19 @@ def test_the_reader_validates_the_paper_table_and_the_run_ignores_it():
         "paper.quote[1].rules = 'mine' must be \"paper\" (the run follows the paper) or \"hpcfl\" (the paper's "
         "figure beside a run of hpcfl's own rule)",
     ]
+
+
+def test_fedlgas_figures_sit_on_the_paper_exact_run_as_well_as_beside_hpcfls_defaults():
+    """Every FedLGA figure labelled as hpcfl's (the default C_pseudo / avg_update point) is quoted again, as the
+    paper's, on the same point run with B_alg1, full_grad and no guard (alpha_min = -inf)."""
+    exact = {"algorithm.lga.variant": "B_alg1", "algorithm.lga.grad_proxy": "full_grad",
+             "algorithm.lga.alpha_min": -math.inf}
+    for stem in ("fedlga_fmnist_mlp", "fedlga_cifar10_resnet", "fedlga_cifar100_resnet"):
+        quotes = config.read_job(PAPERS / f"{stem}.toml")["paper"]["quote"]
+        ours = [q for q in quotes if q.get("rules") == "hpcfl"]
+        on_exact = [q for q in quotes if q["point"] == {"algorithm.name": "fedlga"} and q.get("rules", "paper") == "paper"]
+        assert ours and len(on_exact) == len(ours), stem
+        for q in on_exact:
+            assert {k: v for k, v in config.flatten(q["set"]).items() if k in exact} == exact, (stem, q["figure"])
+        assert sorted(q["value"] for q in on_exact) == sorted(q["value"] for q in ours)
+        assert paper.check_job(PAPERS / f"{stem}.toml") == []
