@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runner import job
 
 from hpcfl import config
-from hpcfl.errors import HpcflError
 from hpcfl.engine import resume, simulation
+from hpcfl.errors import HpcflError
 from hpcfl.io import ckptblocks
 from hpcfl.io.checkpoint import CheckpointStore
 from hpcfl.state import ClientTable
