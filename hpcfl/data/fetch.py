@@ -136,8 +136,10 @@ def _unpack_zip(path: str, into: str, fileobj=None) -> None:
             infos = zf.infolist()
             for info in infos:
                 _safe_name(info.filename, path)
-                mode = info.external_attr >> 16
-                if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                # The file type is in the high bits of a Unix mode; a member with none (zipfile.writestr's
+                # and Windows tools', which record no Unix mode at all) is a plain file or folder.
+                kind = stat.S_IFMT(info.external_attr >> 16)
+                if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
                     raise DataError(f"{path}: member {info.filename!r} is a link or special file; refusing the "
                                     "archive (hpcfl unpacks only plain files and folders)")
             _write_members(((i.filename, i.is_dir(), lambda i=i: zf.open(i)) for i in infos), into, path)

@@ -120,17 +120,22 @@ def test_a_damaged_or_planted_library_is_never_mapped(cache, tmp_path, damage):
     target = next(cache.glob("*.so"))
     data = bytearray(target.read_bytes())
     marker = tmp_path / "constructor-ran"
+    # The damage goes to a new file renamed over the library, never into it: this process has the
+    # library mapped (cc.load above), and rewriting a mapped file in place made this pytest process
+    # die with SIGBUS (rc 135) at exit.
+    damaged = tmp_path / "damaged.so"
     if damage == "truncated":          # as a disk that filled up during a compile leaves it
-        target.write_bytes(bytes(data[: len(data) // 2]))
+        damaged.write_bytes(bytes(data[: len(data) // 2]))
     elif damage == "flipped":
         for i in range(len(data) // 3, len(data) // 3 + 256):
             data[i] ^= 0xFF
-        target.write_bytes(bytes(data))
+        damaged.write_bytes(bytes(data))
     else:                              # someone else's library under the cached name
         evil = tmp_path / "evil.c"
         evil.write_text(f'#include <stdio.h>\n__attribute__((constructor)) static void run(void) {{ '
                         f'FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\nint answer(void) {{ return 666; }}\n')
-        subprocess.run([*cc.compiler(), *cc.FLAGS, str(evil), "-o", str(target)], check=True)
+        subprocess.run([*cc.compiler(), *cc.FLAGS, str(evil), "-o", str(damaged)], check=True)
+    os.replace(damaged, target)
     p = subprocess.run([sys.executable, "-c", LOAD_CHILD.format(src=str(src))], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "5", (p.returncode, p.stderr)

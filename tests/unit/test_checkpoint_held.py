@@ -103,3 +103,18 @@ def test_the_descriptor_is_closed_when_the_store_goes(tmp_path):
     assert os.readlink(f"/proc/self/fd/{fd}") == str(tmp_path / "c")
     del b
     assert not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}") != str(tmp_path / "c")
+
+
+def test_a_folder_moved_away_with_nothing_in_its_place_stops_the_next_save(tmp_path):
+    """Nothing at the path is not the held folder either: the save stops (it would otherwise write on
+    into the moved folder through its descriptor, where the user no longer looks)."""
+    mine = tmp_path / "B" / "checkpoints"
+    b = CheckpointStore(mine, keep=2)
+    b.hold()
+    save(b, 1)
+    moved = tmp_path / "B-moved"
+    mine.rename(moved)
+    with pytest.raises(DirectoryMoved, match=f"{mine} was replaced while this run was live \\(there is nothing "
+                                             f"there now\\).* now at {moved}"):
+        save(b, 2)
+    assert sorted(p.name for p in moved.iterdir()) == ["ckpt-00000001.h5"] and not mine.exists()

@@ -166,3 +166,46 @@ def test_every_array_a_resume_loads_is_checked_against_the_job():
     assert why(**{"clients.scaffold_c_i": arrays["clients.scaffold_c_i"][:-1]}) == (
         f"its 'clients.scaffold_c_i' is float32 of shape ({N - 1}, {P}), this job's is float32 of shape ({N}, {P})")
     assert why(**{"server.scaffold_c": None}) == "it has no array 'server.scaffold_c'"
+
+
+def test_draining_after_a_partial_read_takes_only_the_rest(tmp_path, monkeypatch):
+    """A save that fails after the first block leaves the stream part read; drain() must go on from
+    there (the other ranks send each block once), not start the stream over."""
+    monkeypatch.setattr(ckptblocks, "BLOCK_BYTES", 3 * 4)             # one row of 3 float32 a block
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    seen = []
+    st = streamed(table, seen)
+    it = iter(st)
+    assert next(it)[:2] == (0, 1)
+    st.drain()
+    assert seen == [(0, 1), (1, 2), (2, 3), (3, 4)]                 # each block once
+    # the same through a save that fails while writing the second block
+    seen.clear()
+    st = streamed(table, seen)
+    calls = []
+
+    def failing(h, rows):
+        calls.append(len(rows))
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        ckptblocks.hash_bytes(h, rows)
+
+    monkeypatch.setattr("hpcfl.io.checkpoint.hash_bytes", failing)
+    with pytest.raises(HpcflError, match="Input/output error"):
+        CheckpointStore(tmp_path).save(1, {"clients.c": st}, manifest=MANIFEST)
+    st.drain()
+    assert seen == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def test_a_streamed_arrays_size_counts_its_item_size_in_the_free_space_check(tmp_path, monkeypatch):
+    """1000 x 100 float64 rows are 800,000 bytes (not 100,000 elements): with room for the elements
+    but not the bytes, the save is refused before anything is written or read from the stream."""
+    st = Streamed((1000, 100), np.dtype(np.float64), lambda: iter(()))
+    assert st.nbytes == 800_000
+    assert Streamed((7,), np.dtype(np.int16), lambda: iter(())).nbytes == 14
+    seen = []
+    table = np.ones((1000, 100))
+    monkeypatch.setattr("hpcfl.io.safefs.free_bytes", lambda d: 100_000 + (64 << 10) + 4096)
+    with pytest.raises(HpcflError, match=r"No space left on device .* It needs about 0\.8 MB \(800,000 bytes\)"):
+        CheckpointStore(tmp_path).save(1, {"clients.c": streamed(table, seen)}, manifest=MANIFEST)
+    assert seen == [] and list(tmp_path.iterdir()) == []

@@ -17,6 +17,7 @@ import re
 import tarfile
 import threading
 import tomllib
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -35,7 +36,7 @@ class Mirror:
     ``hostile[name]`` serves it as a hostile or broken server would (:meth:`serve_hostile`): ``"longer"``
     (100 bytes more than the file, announced), ``"endless"`` (the file, then bytes without end and
     without a length), ``"stall"`` (half the file, then nothing), ``("drip", n, seconds)`` (n bytes
-    every so many seconds).
+    every so many seconds), ``"ignores range"`` (200 and the whole file, also to a Range request).
     """
 
     def __init__(self, files: dict[str, bytes]):
@@ -91,6 +92,8 @@ class Mirror:
                 handler.wfile.write(blob)
                 for _ in range(256):
                     handler.wfile.write(b"\0" * 65536)
+            elif how == "ignores range":   # 200 and the whole file, whatever Range asked for
+                handler.wfile.write(blob)
             elif how == "stall":
                 handler.wfile.write(blob[:len(blob) // 2])
                 handler.wfile.flush()
@@ -253,6 +256,38 @@ def test_unsafe_archives_are_refused_whole(tmp_path, kind):
         fetch.unpack(str(path), "tar", str(root), "cifar-10-batches-py")
     assert os.listdir(root) == []                  # not even the good member was placed
     assert not (tmp_path / "evil").exists()
+
+
+def _zip(members) -> bytes:
+    """A zip of ``(name, unix mode or None for writestr's default, payload)``."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, mode, payload in members:
+            info = zipfile.ZipInfo(name)
+            if mode is not None:
+                info.external_attr = mode << 16
+            zf.writestr(info if mode is not None else name, payload)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("mode,refused", [(None, False), (0o100644, False), (0o644, False), (0o120777, True),
+                                          (0o020644, True), (0o010644, True), (0o060644, True)],
+                         ids=["writestr", "regular", "no type bits", "symlink", "char device", "fifo", "block device"])
+def test_zip_members_are_judged_by_their_file_type(tmp_path, mode, refused):
+    """A link or device member refuses the archive; a member with no file-type bits (what zipfile.writestr
+    and Windows tools write) is a plain file, as unzip and Python's own extractall treat it."""
+    path = tmp_path / "a.zip"
+    path.write_bytes(_zip([("set/a.txt", 0o100644, b"abc"), ("set/b", mode, b"/etc/passwd")]))
+    root = tmp_path / "root"
+    root.mkdir()
+    if refused:
+        with pytest.raises(DataError, match="member 'set/b' is a link or special file; refusing the archive"):
+            fetch.unpack(str(path), "zip", str(root), "set")
+        assert os.listdir(root) == []
+        return
+    fetch.unpack(str(path), "zip", str(root), "set")
+    assert sorted(os.listdir(root / "set")) == ["a.txt", "b"]
+    assert (root / "set" / "b").read_bytes() == b"/etc/passwd" and not (root / "set" / "b").is_symlink()
 
 
 def test_list_names_every_dataset_with_its_source_or_none(capsys):

@@ -265,3 +265,32 @@ def test_a_redirect_from_https_to_http_is_refused():
         handler.redirect_request(req, None, 302, "Found", {}, "http://evil.example/x.gz")
     assert handler.redirect_request(req, None, 302, "Found", {}, "https://cdn.example/x.gz").full_url == \
         "https://cdn.example/x.gz"
+
+
+def test_a_server_that_ignores_range_restarts_the_part_instead_of_appending(tmp_path, blob, capsys):
+    """An interrupted download's .part holds the first 1,000 bytes; the server answers the Range
+    request with 200 and the whole file. The .part must start over: appended, it would hold the
+    first 1,000 bytes twice (and run past the published size)."""
+    root = tmp_path / "data"
+    with open(os.path.join(scratch(root), PART), "wb") as f:
+        f.write(blob[:1000])
+    with Mirror({NAME: blob}) as m:
+        m.hostile[NAME] = "ignores range"
+        rc, out, err = get(root, m.url, capsys)
+    assert rc == 0, err
+    assert m.log == [(NAME, "bytes=1000-")]
+    assert f"the server does not resume downloads: starting {PART} over" in out
+    assert (root / "mnist" / NAME).read_bytes() == blob
+
+
+def test_a_missing_plain_file_is_fetched_into_a_folder_that_exists(tmp_path, blob, capsys):
+    """A dataset of plain files whose folder is already there (another of its files, or the user's
+    own) still gets its missing file; only an unpacked dataset's folder means "already there"."""
+    root = tmp_path / "data"
+    (root / "mnist").mkdir(parents=True)
+    (root / "mnist" / "notes.txt").write_text("mine")
+    with Mirror({NAME: blob}) as m:
+        rc, out, err = get(root, m.url, capsys)
+    assert rc == 0, err
+    assert m.log == [(NAME, None)] and "already exists" not in out
+    assert (root / "mnist" / NAME).read_bytes() == blob and (root / "mnist" / "notes.txt").read_text() == "mine"

@@ -140,6 +140,32 @@ def test_dirichlet_fixed_seed_ignores_run_seed():
     assert all(np.array_equal(p, q) and np.array_equal(p, r) for p, q, r in zip(a, b, c))
 
 
+class ScriptedDraws:
+    """A generator whose shuffles change nothing and whose Dirichlet draws are given in order."""
+
+    def __init__(self, draws):
+        self.draws = [np.array(d, dtype=np.float64) for d in draws]
+
+    def shuffle(self, idx):
+        pass
+
+    def dirichlet(self, alpha):
+        return self.draws.pop(0)
+
+
+def test_dirichlet_closes_a_client_that_holds_exactly_n_over_k(monkeypatch):
+    """NIID-Bench gives a class only to clients holding fewer than N/K samples (``len(b) < n / k``).
+    20 samples, 2 clients, N/K = 10: class 0 all goes to client 0 (10, exactly the cap), so class 1,
+    drawn 50/50, all goes to client 1. A client at the cap still open would get 5 of it (15 and 5)."""
+    y = np.repeat([0, 1], 10)
+    draws = [[1.0, 0.0], [0.5, 0.5]]
+    monkeypatch.setattr("hpcfl.data.partition._generator", lambda seed, legacy: ScriptedDraws(draws))
+    parts = make_partition("dirichlet", y, 2, DirichletOptions(alpha=0.5, min_samples=1), 0)
+    assert [p.tolist() for p in parts] == [list(range(10)), list(range(10, 20))]
+    ref = reference_labeldir(y, 2, 0.5, 1, ScriptedDraws(draws), 2)
+    assert [p.tolist() for p in ref] == [p.tolist() for p in parts]
+
+
 def test_dirichlet_w_workload_shape():
     # workload W (docs/workloads.md): 50k uniform labels, 100 clients, Dir(0.5), min 10, default_rng(0)
     rng = np.random.default_rng(0)

@@ -209,3 +209,34 @@ def test_print_of_a_loaded_run_is_a_short_summary(tmp_path):
     shown, _, more = line[line.index("(") + 1 : -1].partition(" and ")
     assert total == len(METRICS) and len(shown.split(", ")) + int(more.split()[0]) == total
     assert shown.startswith("round, train_loss")
+
+
+def test_a_resume_at_the_round_a_segment_began_keeps_that_segment(tmp_path):
+    """The run resumed after round 4 began its segment at round 5; its checkpoint after round 5 holds
+    that round, so a resume from it keeps the segment (it ran round 5) and starts one at round 6."""
+    path = tmp_path / "results.h5"
+    w = ResultsWriter(path, ATTRS, np.ones((2, 3), dtype=np.int64))
+    for r in range(1, 5):
+        w.append_round(*row(r))
+    w.close()
+    w = ResultsWriter(path, {**ATTRS, "world_size": 2}, None, resume_at=4)
+    w.append_round(*row(5))
+    w.close()
+    w = ResultsWriter(path, {**ATTRS, "world_size": 3}, None, resume_at=5)
+    w.close()
+    res = load(tmp_path)
+    assert [(s["start_round"], s["world_size"]) for s in res.segments] == [(1, 1), (5, 2), (6, 3)]
+    assert res.metrics["round"].tolist() == [1, 2, 3, 4, 5]
+
+
+def test_rounds_are_written_once_the_batch_reaches_its_row_count(tmp_path):
+    """batch_rows = 4, two client rows a round: rounds 1-2 are written together when round 2 brings the
+    batch to exactly 4 rows, not one round later; round 3 waits for round 4."""
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64), batch_seconds=3600,
+                      batch_rows=4)
+    seen = []
+    for r in range(1, 5):
+        w.append_round(*row(r))
+        seen.append(load(tmp_path).metrics["round"].tolist())
+    w.close()
+    assert seen == [[], [1, 2], [1, 2], [1, 2, 3, 4]]
