@@ -18,7 +18,16 @@ import sys
 from ..errors import HpcflError
 from .groupstats import CLIENT_COLUMNS, STATS, GroupStats, _check_kinds, build  # noqa: F401  (found here too)
 from .latex import latex_columns, render_latex
-from .tables import _columns, _notes, _rows, render_csv, render_json, render_markdown, render_text, repeated_seeds
+from .tables import (
+    _columns,
+    _notes,
+    _rows,
+    render_csv,
+    render_json,
+    render_markdown,
+    render_text,
+    repeated_seeds,
+)
 
 FORMATS = ("text", "markdown", "latex", "csv", "json")
 

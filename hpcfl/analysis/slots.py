@@ -13,7 +13,8 @@ This module finds every slot whose value differs between groups although no labe
   clients uniformly; the others by size``.
 
 "Sets it apart" is measured against the baseline group's value when there is a baseline, else
-against the value most groups have (ties: the first group's).
+against the value most groups have (ties: FedAvg's, size weights and averaging, else the first
+group's).
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def _reference(groups: list, key: str, base) -> object:
     if base is not None:
         return _value(base, key)
     counts = Counter(repr(_value(g, key)) for g in groups)
-    top = max(counts.values())
-    return next(_value(g, key) for g in groups if counts[repr(_value(g, key))] == top)
+    top = [_value(g, key) for g in groups if counts[repr(_value(g, key))] == max(counts.values())]
+    plain = registry.PRESETS["fedavg"].get(key.split(".", 1)[1], "epochs")   # FedAvg's: the usual reference
+    return plain if plain in top else top[0]
 
 
 def _say(slot: str, value) -> str:

@@ -18,7 +18,6 @@ from . import runs as R
 from .groupstats import CLIENT_COLUMNS, SHORT, GroupStats
 from .precision import pm_text
 
-
 # --------------------------------------------------------------------------- cells
 
 def _missing(v) -> bool:

@@ -37,7 +37,8 @@ from .. import signals
 from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401  (re-exported: found here always)
 from ..errors import ConfigError, HpcflError
 from ..io import safefs
-from ..io.sweeppoint import POINT_JOB, header as point_header
+from ..io.sweeppoint import POINT_JOB
+from ..io.sweeppoint import header as point_header
 from .run import run_job
 from .sweepgrid import legacy_names, point_names, read_grid, set_text
 

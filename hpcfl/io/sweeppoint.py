@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..inputs import open_regular
+
 POINT_JOB = "job.toml"
 HEADER = "Written by hpcfl sweep: point {index} of {job} ({sets})."
 _FIRST_LINE = re.compile(r"# Written by hpcfl sweep: point (\d+) of ")
@@ -24,10 +26,11 @@ def header(index: int, job, sets: str) -> str:
 
 def point_index(run_dir: Path) -> int | None:
     """The sweep point index recorded in ``run_dir/job.toml``; None for a run not made by
-    ``hpcfl sweep`` (no such file, another first line, or a file that cannot be read)."""
-    try:
-        with open(Path(run_dir) / POINT_JOB, encoding="utf-8", errors="replace") as f:
-            first = f.readline(4096)
+    ``hpcfl sweep`` (no such file, another first line, or a file that cannot be read or is not a
+    regular file)."""
+    try:   # a regular file only: a FIFO planted as job.toml must not hold the report (inputs.py)
+        with open_regular(Path(run_dir) / POINT_JOB, "rb") as f:
+            first = f.readline(4096).decode("utf-8", errors="replace")
     except OSError:
         return None
     m = _FIRST_LINE.match(first)
