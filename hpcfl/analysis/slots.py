@@ -67,6 +67,12 @@ def _reference(groups: list, key: str, base) -> object:
     return plain if plain in top else top[0]
 
 
+def _who(g) -> str:
+    """The group's algorithm by name (``FedLGA``: one note for its every lr), else its label."""
+    name = _value(g, "algorithm.name")
+    return registry.LABELS.get(name, g.short) if isinstance(name, str) and name != "custom" else g.short
+
+
 def _say(slot: str, value) -> str:
     if slot == "weights" and value in WEIGHTS_WORDS:
         return f"weights clients {WEIGHTS_WORDS[value]}"
@@ -89,11 +95,11 @@ def name_slots(groups: list, label_keys: list[str], base=None) -> list[str]:
             continue
         for g in named:
             extra[id(g)].append(_words(slot, _value(g, key)))
-        said = "; ".join(f"{g.short} {_say(slot, _value(g, key))}" for g in apart)
+        said = "; ".join(dict.fromkeys(f"{_who(g)} {_say(slot, _value(g, key))}" for g in apart))
         rest = [g for g in groups if all(g is not a for a in apart)]
-        others = rest[0].short if len(rest) == 1 else "the others"
+        others = _who(rest[0]) if len({_who(g) for g in rest}) == 1 else "the others"
         tail = (f"{others} {WEIGHTS_WORDS[ref]}" if slot == "weights" and ref in WEIGHTS_WORDS
-                else f"{others} {'uses' if len(rest) == 1 else 'use'} {_words(slot, ref)}")
+                else f"{others} {'use' if others == 'the others' else 'uses'} {_words(slot, ref)}")
         notes.append(f"{slot} slot (set by each algorithm's preset, not in the grouping keys): {said}; {tail}")
     for g in groups:
         if extra[id(g)]:

@@ -159,7 +159,11 @@ def test_order_option(tmp_path):
     for a in ("fedavg", "fednova", "fedlga"):
         for lr in (0.1, 0.01):
             write_run(tmp_path / f"{a}-{lr}", cfg(a, 0, lr), [0.5])
-    labels = list(table(report_text([tmp_path], order="fedlga,name=fedavg")))
+    text = report_text([tmp_path], order="fedlga,name=fedavg")
+    labels = list(table(text))
+    # one note for FedLGA at either lr; FedAvg and FedNova, both by size, are "the others"
+    assert text.count("weights clients uniformly") == 1 and "FedLGA weights clients uniformly; the others by size" \
+        in text
     # every FedLGA group, then every FedAvg one, then the rest; each in directory order (fedavg-0.01 first)
     assert labels == ["FedLGA, lr 0.01 (uniform weights)", "FedLGA, lr 0.1 (uniform weights)",
                       "FedAvg, lr 0.01", "FedAvg, lr 0.1", "FedNova, lr 0.01", "FedNova, lr 0.1"]
