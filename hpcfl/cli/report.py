@@ -18,7 +18,10 @@ def grouping_keys(given: list[str] | None) -> list[str] | None:
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="table of final, best and time-to-target quality per group of runs",
                        description="Summarise runs: grouped by the config keys that differ between them "
-                                   "(seeds of one configuration form a group), mean ± sample std over each group.")
+                                   "(seeds of one configuration form a group), mean ± sample std over each group "
+                                   "(the std to 2 significant digits, the mean to the same place), in the sweep "
+                                   "grid's order. Paper tables: --format latex, --baseline (paired differences "
+                                   "by seed), --best-by (the best value of a grid per method).")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="run directory, results.h5 file, or a directory holding runs (e.g. a sweep's output)")
     p.add_argument("--by", action="append", metavar="KEY[,KEY]",

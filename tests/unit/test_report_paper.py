@@ -270,3 +270,20 @@ def test_latex_table_compiles(odd, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:]
     assert (tmp_path / "doc.pdf").stat().st_size > 1000
+
+
+def test_cli_options(grid, capsys):
+    from hpcfl import cli
+
+    args = ["report", str(grid), "--best-by", "lr", "--criterion", "final", "--select-seeds", "0", "--baseline",
+            "name=fedavg", "--order", "fedlga", "--format", "latex"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" & ")[0].strip() for line in out.splitlines() if " & " in line][1:]
+    assert r"\toprule" in out and rows == ["FedLGA, lr 0.01 (uniform weights)", "FedAvg, lr 0.01"]
+    assert r"+0.0350 $\pm$ 0.0071 (2/2 better)" in out
+    assert cli.main(["report", str(grid), "--order", "fedprox"]) == 2
+    assert "'fedprox' names no group" in capsys.readouterr().err
+    with pytest.raises(SystemExit):   # argparse's own refusal of a criterion it does not list
+        cli.main(["report", str(grid), "--best-by", "lr", "--criterion", "worst"])
+    assert "invalid choice: 'worst'" in capsys.readouterr().err
