@@ -6,12 +6,13 @@ baseline group and the paper's numbers beside a group (:func:`build`). How they 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..config import flatten
 from ..errors import HpcflError
+from . import bestby, order, paired, slots
 from . import runs as R
 
 STATS = ("final", "best", "best_round", "last_k", "to_target", "sim_to_target", "rounds", "client_mean",
@@ -37,6 +38,8 @@ class GroupStats:
     sim_speedup: float | None = None
     paper: object = None
     alias: str = ""            # the label by keys (name=fednova, lr=0.1), accepted where the label is
+    short: str = ""            # the label without the preset slots it names (.slots), accepted too
+    paired: dict = field(default_factory=dict)   # statistic -> paired.Paired against the baseline
 
     @property
     def running(self) -> int:
@@ -95,20 +98,10 @@ def _check_target(target: float | None, kind: str) -> None:
 
 # --------------------------------------------------------------------------- baseline and paper
 
-def _value_matches(v, text: str) -> bool:
-    """Whether config value ``v`` is what ``text`` says (``0.1`` == ``0.10``, ``fedavg``, ``true``)."""
-    if R.format_value(v) == text or str(v) == text:
-        return True
-    try:
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and float(v) == float(text)
-    except ValueError:
-        return False
-
-
 def find_baseline(groups: list[GroupStats], spec: str, keys: list[str]) -> GroupStats:
     """The group named by ``--baseline``: a group's full label, or ``KEY=VALUE`` matching one group."""
     for g in groups:
-        if spec in (g.label, g.alias):
+        if spec in (g.label, g.short, g.alias):
             return g
     key, sep, value = spec.partition("=")
     if not sep:
@@ -116,7 +109,7 @@ def find_baseline(groups: list[GroupStats], spec: str, keys: list[str]) -> Group
     flat = [flatten(c) for g in groups for c in g.configs]
     full = R.resolve_key(key.strip(), flat, preferred=keys)
     value = value.strip()
-    hits = [g for g in groups if all(_value_matches(flatten(c).get(full), value) for c in g.configs)]
+    hits = [g for g in groups if all(R.value_matches(flatten(c).get(full), value) for c in g.configs)]
     if not hits:
         seen = sorted({R.format_value(f.get(full)) for f in flat})
         raise HpcflError(f"--baseline {spec}: no group has {full} = {value}; its values are {', '.join(seen)}")
@@ -142,7 +135,7 @@ def apply_baseline(groups: list[GroupStats], base: GroupStats) -> None:
 
 def apply_paper(groups: list[GroupStats], specs: list[str]) -> None:
     """``LABEL=VALUE``: the paper's number for the group labelled LABEL (split at the last ``=``)."""
-    labels = {g.alias: g for g in groups if g.alias} | {g.label: g for g in groups}
+    labels = {g.alias: g for g in groups if g.alias} | {g.short: g for g in groups} | {g.label: g for g in groups}
     for spec in specs:
         label, sep, value = spec.rpartition("=")
         if not sep or label.strip() not in labels:
@@ -156,16 +149,43 @@ def apply_paper(groups: list[GroupStats], specs: list[str]) -> None:
 
 # --------------------------------------------------------------------------- building
 
+@dataclass
+class Built:
+    """What :func:`build` finds: the groups in their order, and what the tables say under them."""
+
+    groups: list[GroupStats]
+    kind: str                     # "accuracy" or "loss"
+    notes: list[str]              # slot differences, the --best-by choice
+    warnings: list[str]           # unmatched seeds of the paired differences
+    baseline: GroupStats | None = None
+
+
+def restrict(g: GroupStats, runs: list) -> GroupStats:
+    """``g`` holding only ``runs`` (a subset of its own), re-summarised."""
+    keep = [i for i, r in enumerate(g.runs) if any(r is x for x in runs)]
+    out = replace(g, configs=[g.configs[i] for i in keep], runs=[g.runs[i] for i in keep], mean={}, std={},
+                  paired={})
+    summarise(out)
+    return out
+
+
 def build(paths: list, by=None, target: float | None = None, last_k: int = 5, baseline: str | None = None,
-          paper: list[str] | None = None) -> list[GroupStats]:
-    """Find, load, group and summarise the runs; see :func:`report_text` for the arguments."""
+          paper: list[str] | None = None, *, order_spec: str | None = None, best_by: str | None = None,
+          criterion: str = "last_k", select_seeds: str | None = None) -> Built:
+    """Find, load, group, order and summarise the runs; see :func:`.report.report_text` for the arguments."""
     if last_k < 1:
         raise HpcflError(f"--last-k {last_k}: must be at least 1 (the number of last evaluations to average)")
-    if baseline is not None and target is None:
-        raise HpcflError("--baseline needs --target: the speedup compares rounds to reach the target")
-    files = R.find_runs(list(paths))
+    if select_seeds is not None and best_by is None:
+        raise HpcflError("--select-seeds needs --best-by: the seeds it names choose the --best-by value")
+    files = order.sweep_order(list(paths), R.find_runs(list(paths)))
     results = R.load_runs(files)   # damaged runs are skipped with a warning naming them
     path_of = {id(r): r.source for r in results}
+    full_best = None
+    if best_by is not None:
+        flat = [flatten(r.config) for r in results]
+        full_best = R.resolve_key(best_by, flat, preferred=R.differing_keys([r.config for r in results]))
+        if by is not None and full_best not in R.group_keys(results, by):
+            by = list(by) + [full_best]   # the grid's values must stay apart to choose among them
     keys = R.group_keys(results, by)
     aliases = R.dotted_labels(results, by)
     groups = []
@@ -174,11 +194,23 @@ def build(paths: list, by=None, target: float | None = None, last_k: int = 5, ba
         flat0 = flatten(configs[0])
         g = GroupStats(label=label, keys={k: flat0.get(k) for k in keys}, configs=configs,
                        runs=[R.run_stats(m, path_of[id(m)], target, last_k) for m in members],
-                       alias=aliases[label])
+                       alias=aliases[label], short=label)
         summarise(g)
         groups.append(g)
-    _check_target(target, _check_kinds(groups))
-    if baseline is not None:
-        apply_baseline(groups, find_baseline(groups, baseline, keys))
+    kind = _check_kinds(groups)
+    _check_target(target, kind)
+    notes: list[str] = []
+    if full_best is not None:
+        groups, said = bestby.choose(groups, full_best, keys, criterion, bestby.parse_seeds(select_seeds), kind,
+                                     restrict)
+        notes += said
+    groups = order.apply_order(groups, order_spec, keys)
+    base = find_baseline(groups, baseline, keys) if baseline is not None else None
+    notes = slots.name_slots(groups, keys, base) + notes
+    warnings: list[str] = []
+    if base is not None:
+        if target is not None:
+            apply_baseline(groups, base)
+        warnings = paired.apply_paired(groups, base, kind)
     apply_paper(groups, paper or [])
-    return groups
+    return Built(groups, kind, notes, warnings, base)

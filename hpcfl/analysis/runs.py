@@ -166,6 +166,16 @@ def format_value(v) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
+def value_matches(v, text: str) -> bool:
+    """Whether config value ``v`` is what ``text`` says (``0.1`` == ``0.10``, ``fedavg``, ``true``)."""
+    if format_value(v) == text or str(v) == text:
+        return True
+    try:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and float(v) == float(text)
+    except ValueError:
+        return False
+
+
 def _priority(key: str) -> tuple:
     """Order in which keys are tried as label keys: shallow first, component names first."""
     return (key.count("."), not key.endswith(".name"), key)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from . import paired as P
 from . import runs as R
 from .groupstats import CLIENT_COLUMNS, SHORT, GroupStats
-
+from .precision import pm_text
 
 # --------------------------------------------------------------------------- cells
 
@@ -34,11 +35,16 @@ def _fmt(v, style: str) -> str:
 
 
 def _pm(g: GroupStats, name: str, style: str) -> str:
-    """``mean ± std`` of a group's statistic; the mean alone from a single run (no std to show)."""
-    mean, std = g.mean[name], g.std[name]
-    if _missing(mean):
-        return "-"
-    return _fmt(mean, style) + ("" if _missing(std) else f" ± {_fmt(std, 'sim' if style == 'round' else style)}")
+    """``mean ± std`` of a group's statistic, the std to 2 significant digits and the mean to the
+    same place (:mod:`.precision`); the mean alone, as ``style`` writes it, from a single run."""
+    return pm_text(g.mean[name], g.std[name], lambda v: _fmt(v, style))
+
+
+def _delta_cell(g: GroupStats, name: str, style: str, base) -> str:
+    """``+0.012 ± 0.0040 (3/3 better)``: the paired difference to the baseline (:mod:`.paired`)."""
+    if g is base:
+        return "baseline"
+    return P.cell(g.paired.get(name), lambda m, s: pm_text(m, s, lambda v: _fmt(v, style), sign=True))
 
 
 def repeated_seeds(groups: list[GroupStats]) -> list[str]:
@@ -81,8 +87,12 @@ def _run_label(r: R.RunStats, markdown: bool) -> str:
     return f"{'↳ ' if markdown else '  '}seed {r.seed}: {d}"
 
 
-def _columns(groups: list[GroupStats], kind: str, target, last_k: int, baseline: bool, markdown: bool) -> list[tuple]:
-    """(header, group cell, run cell) of each shown column; the headers name the metric."""
+def _columns(groups: list[GroupStats], kind: str, target, last_k: int, baseline, markdown: bool) -> list[tuple]:
+    """(header, group cell, run cell) of each shown column; the headers name the metric.
+
+    ``baseline``: the baseline group (or None): a speedup column with a target, and the paired
+    differences to it.
+    """
     m, st = SHORT[kind], "acc" if kind == "accuracy" else "loss"
     cols = [("group", lambda g: g.label, lambda r: _run_label(r, markdown)),
             ("n", lambda g: str(len(g.runs)), lambda r: ""),
@@ -97,10 +107,14 @@ def _columns(groups: list[GroupStats], kind: str, target, last_k: int, baseline:
         if any(g.mean["sim_to_target"] is not None for g in groups):
             cols.append((f"sim s to {t}", lambda g: _to_target_cell(g, "sim_to_target", "sim"),
                          lambda r: _fmt(r.sim_to_target, "sim")))
-    if baseline:
+    if baseline is not None and target is not None:
         cols.append(("speedup", lambda g: _fmt(g.speedup, "x"), lambda r: ""))
         if any(g.sim_speedup is not None for g in groups):
             cols.append(("sim speedup", lambda g: _fmt(g.sim_speedup, "x"), lambda r: ""))
+    if baseline is not None:
+        for name, head in (("final", "final"), ("last_k", f"last-{last_k}")):
+            cols.append((f"Δ {head} vs {baseline.short}", lambda g, n=name: _delta_cell(g, n, st, baseline),
+                         lambda r: ""))
     if any(g.paper is not None for g in groups):
         cols.append(("paper", _paper_cell, lambda r: ""))
     if any(np.isfinite(r.client_mean) for g in groups for r in g.runs):
@@ -122,12 +136,16 @@ def _rows(groups, cols, per_run: bool) -> list[list[str]]:
 
 def _notes(kind: str, target, last_k: int, baseline: str | None, client: bool = False) -> list[str]:
     what = "test accuracy (higher is better)" if kind == "accuracy" else "test loss (lower is better)"
-    notes = [f"{SHORT[kind]}: {what}; mean ± sample std over a group's runs (seeds); last-{last_k}: mean of the "
-             f"last {last_k} evaluations"]
+    notes = [f"{SHORT[kind]}: {what}; mean ± sample std over a group's runs (seeds), the std to 2 significant "
+             f"digits and the mean to the same place; last-{last_k}: mean of the last {last_k} evaluations"]
     if target is not None:
         notes.append("rounds to target: first round reaching it; - (k/n): only k of n runs reached it")
-    if baseline is not None:
+    if baseline is not None and target is not None:
         notes.append(f"speedup: mean rounds to target of the baseline ({baseline}) / the group's")
+    if baseline is not None:
+        better = "higher" if kind == "accuracy" else "lower"
+        notes.append(f"Δ: the group minus the baseline ({baseline}) run by run, matched by seed: mean ± sample std "
+                     f"over the matched seeds, and in how many of them the group is better ({better})")
     if client:
         notes.append("client acc, worst 10%, client std, Jain: each client's test accuracy on its own held-out "
                      "rows at the last evaluated round (run.eval_clients): mean over clients, mean of the worst "
@@ -174,6 +192,8 @@ def render_csv(groups: list[GroupStats], kind: str, target, last_k: int) -> str:
     for name in CSV_STATS.values():
         head += [f"{name}_mean", f"{name}_std"]
     head += ["reached", "speedup", "sim_speedup", "paper", "running"]
+    for name in P.PAIRED_STATS:   # paired differences to --baseline (empty without one, and on its own row)
+        head += [f"delta_{name}_{x}" for x in ("mean", "std", "n", "better")]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(head)
@@ -183,6 +203,9 @@ def render_csv(groups: list[GroupStats], kind: str, target, last_k: int) -> str:
             row += [_plain(g.mean[name]), _plain(g.std[name])]
         row += [g.reached if target is not None else "", _plain(g.speedup), _plain(g.sim_speedup), _plain(g.paper),
                 g.running]
+        for name in P.PAIRED_STATS:
+            p = g.paired.get(name)
+            row += ["", "", "", ""] if p is None else [_plain(p.mean), _plain(p.std), p.n, p.better]
         w.writerow(row)
     return buf.getvalue()
 
@@ -199,6 +222,9 @@ def render_json(groups: list[GroupStats], kind: str, target, last_k: int) -> str
         d |= {CSV_STATS[k]: {"mean": _json_num(g.mean[k]), "std": _json_num(g.std[k])} for k in CSV_STATS}
         d |= {"reached": g.reached if target is not None else None, "speedup": _json_num(g.speedup),
               "sim_speedup": _json_num(g.sim_speedup), "paper": g.paper, "running": g.running,
+              "paired": {k: None if p is None else {"mean": p.mean, "std": _json_num(p.std), "n": p.n,
+                                                     "better": p.better, "worse": p.worse, "seeds": list(p.seeds)}
+                         for k, p in g.paired.items()} or None,
               "runs": [{"path": str(r.path), "seed": r.seed, "status": r.status, "rounds": r.rounds}
                        | {CSV_STATS[k]: _json_num(getattr(r, k)) for k in CSV_STATS if k != "rounds"}
                        for r in g.runs]}

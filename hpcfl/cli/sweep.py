@@ -37,11 +37,12 @@ from .. import signals
 from ..config.tomltext import _canonical, toml_document, toml_value  # noqa: F401  (re-exported: found here always)
 from ..errors import ConfigError, HpcflError
 from ..io import safefs
+from ..io.sweeppoint import POINT_JOB
+from ..io.sweeppoint import header as point_header
 from .run import run_job
 from .sweepgrid import legacy_names, point_names, read_grid, set_text
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
-POINT_JOB = "job.toml"
 MAX_POINTS = 10_000   # a larger grid needs --max-points (docs/guide.md, Sweeps)
 PLANNING = "the sweep's planning stops now (nothing has run yet)"   # what a stop signal does before a point runs
 
@@ -243,7 +244,8 @@ def listing(sweep: Sweep, overrides: list[str]):
 def write_point_job(sweep: Sweep, point: Point) -> Path:
     """Write ``<out>/<name>/job.toml`` (atomically: array tasks may share the sweep folder)."""
     folder = sweep.out / point.name
-    header = (f"Written by hpcfl sweep: point {point.index} of {sweep.job} ({' '.join(point.sets)}).\n"
+    # the first line is also the record of the point's place in the grid (hpcfl report's order)
+    header = (point_header(point.index, sweep.job, " ".join(point.sets)) + "\n"
               f"hpcfl run on this file with --out {folder} is the same run.")
     text = toml_document(point.table, header)
     path = folder / POINT_JOB

@@ -194,10 +194,14 @@ def test_text_table_marks_running_and_never_reached(sweep):
     cells = {line.split("  ")[0]: re.split(r"\s{2,}", line) for line in text.splitlines()}
     head = cells["group"]
     assert head == ["group", "n", "final acc", "best acc", "best round", "last-5 acc", "rounds to 0.75",
-                    "sim s to 0.75", "speedup", "sim speedup", "rounds", "status"]
+                    "sim s to 0.75", "speedup", "sim speedup", "Δ final vs FedAvg", "Δ last-5 vs FedAvg", "rounds",
+                    "status"]
     avg = dict(zip(head, cells["FedAvg"]))
     nova = dict(zip(head, cells["FedNova"]))
-    assert (avg["final acc"], avg["rounds to 0.75"], avg["status"]) == ("0.6000 ± 0.1000", "- (0/3)", "finished")
+    # std 0.1 to two significant digits (0.10), the mean to the same place (issue 49)
+    assert (avg["final acc"], avg["rounds to 0.75"], avg["status"]) == ("0.60 ± 0.10", "- (0/3)", "finished")
+    # fednova's finals are fedavg's + 0.1 seed by seed: the paired difference has no spread
+    assert (avg["Δ final vs FedAvg"], nova["Δ final vs FedAvg"]) == ("baseline", "+0.1000 ± 0 (3/3 better)")
     assert (nova["rounds to 0.75"], nova["sim s to 0.75"], nova["status"]) == ("3 ± 0", "24 ± 0", "1 running")
     assert (avg["speedup"], nova["speedup"]) == ("-", "-")    # fedavg never reached the target
 
@@ -249,8 +253,10 @@ def test_baseline_errors(sweep):
         report_text([sweep], target=0.45, baseline="algorithm.name=fedprox")
     with pytest.raises(HpcflError, match="matches 2 groups"):
         report_text([sweep], target=0.45, baseline="lr=0.1")
-    with pytest.raises(HpcflError, match="needs --target"):
-        report_text([sweep], baseline="name=fedavg")
+    with pytest.raises(HpcflError, match="--select-seeds needs --best-by"):
+        report_text([sweep], select_seeds="0")
+    # without --target: the paired differences, no speedup column
+    assert "speedup" not in report_text([sweep], baseline="name=fedavg").splitlines()[0]
 
 
 # --------------------------------------------------------------------------- command line
