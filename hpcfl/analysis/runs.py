@@ -9,6 +9,7 @@ configuration over several seeds.
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import sys
@@ -186,12 +187,18 @@ def _splitting_keys(flat: list[dict], keys: list[str]) -> list[str]:
 
     A key whose value follows from keys already taken (a preset's slot values follow from
     ``algorithm.name``) adds nothing to the grouping and would only lengthen the labels.
+    Keys of one tier (same depth, both component names or both not) are judged against the
+    earlier tiers only: keys that change together (``lga.variant``, ``lga.grad_proxy`` and
+    ``lga.alpha_min`` of a paper-exact run beside the defaults) are all named, not just the
+    first in alphabetical order.
     """
-    chosen, parts = [], 1
-    for k in sorted(keys, key=_priority):
-        n = len({tuple(_hashable(f.get(c, _MISSING)) for c in chosen + [k]) for f in flat})
-        if n > parts:
-            chosen, parts = chosen + [k], n
+    def parts(cols: list[str]) -> int:
+        return len({tuple(_hashable(f.get(c, _MISSING)) for c in cols) for f in flat})
+
+    chosen: list[str] = []
+    for _, tier in itertools.groupby(sorted(keys, key=_priority), key=lambda k: _priority(k)[:2]):
+        before = list(chosen)
+        chosen += [k for k in tier if parts(before + [k]) > parts(before)]
     return sorted(chosen, key=_priority)
 
 

@@ -123,6 +123,23 @@ def test_labels_name_the_preset_slots_that_differ(tmp_path):
     assert "| 0.9 |" in report_text([tmp_path], fmt="markdown", paper=["FedLGA=0.9"])
 
 
+def test_labels_name_every_option_that_changes_together(tmp_path):
+    """The paper-exact FedLGA run beside the defaults differs in three options of one tier
+    (algorithm.lga.*); the label names all three, not only the first in alphabetical order."""
+    ours, exact = cfg("fedlga", 0), cfg("fedlga", 0)
+    ours["algorithm"]["lga"] = {"variant": "C_pseudo", "grad_proxy": "avg_update"}
+    exact["algorithm"]["lga"] = {"variant": "B_alg1", "grad_proxy": "full_grad", "alpha_min": -1e30}
+    write_run(tmp_path / "ours", ours, [0.5, 0.6])
+    write_run(tmp_path / "exact", exact, [0.5, 0.7])
+    assert list(table(report_text([tmp_path / "ours", tmp_path / "exact"]))) == [
+        "alpha_min unset, grad_proxy = avg_update, variant = C_pseudo",
+        "alpha_min = -1e+30, grad_proxy = full_grad, variant = B_alg1"]
+    # a key that follows from a shallower one is still left out: lr 0.1 is FedAvg's, 0.2 FedLGA's
+    write_run(tmp_path / "a", cfg("fedavg", 0, lr=0.1), [0.5])
+    write_run(tmp_path / "b", cfg("fedlga", 0, lr=0.2), [0.5])
+    assert list(table(report_text([tmp_path / "a", tmp_path / "b"]))) == ["FedAvg", "FedLGA (uniform weights)"]
+
+
 # --------------------------------------------------------------------------- order
 
 def test_groups_come_in_sweep_order_not_alphabetically(tmp_path):
