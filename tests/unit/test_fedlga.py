@@ -35,7 +35,7 @@ from hpcfl.parallel.comm import Collectives, ExactSum
 VARIANTS = ("C_pseudo", "B_alg1", "A_table1")
 # B_alg1's rank1 alpha_i is clipped at 0 unless alpha_min is set: the operator tests below check the unguarded
 # formula, so they lift the guard (test_fedlga_readings.py checks the guard itself)
-UNGUARDED = {"alpha_min": -math.inf}   # TOML writes it as -inf: a job table carries it
+UNGUARDED = {"alpha_min": -1e30}   # finite: runner.job passes overrides as JSON text, which has no -inf
 SIGNS = {"C_pseudo": (-1.0, 1.0), "B_alg1": (1.0, -1.0), "A_table1": (1.0, 1.0)}    # (beta, sigma)
 # The three ways the rule can run: rank1 (two reductions), diag fused into the training reduction (one),
 # and diag with a correction clip, which needs Dbar first (two reductions); the clip is set far above any
