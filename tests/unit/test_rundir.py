@@ -243,3 +243,15 @@ def test_a_checkpoint_of_another_job_is_never_resumed_from(tmp_path):
         resume.check_job(ckpt(config.load(job, ["run.seed=2"])), cfg)
     with pytest.raises(HpcflError, match="config and config_sha256 differ"):
         resume.check_job(ckpt(config.load(job, ["run.seed=2"]), digest=cfg.digest()), cfg)  # job edited in
+
+
+def test_the_update_guard_lets_a_norm_of_exactly_max_norm_through():
+    """guard.max_norm bounds the norm: an update of norm exactly max_norm is within the bound."""
+    import numpy as np
+
+    c = RunControl(FakeComm([]), GuardSection(max_norm=2.0), 0.0)
+    assert c.check_update(3, 0, 2.0) is None
+    assert c.check_update(3, 0, float(np.nextafter(2.0, 3.0))) == \
+        "client 3 in round 1: update norm 2 exceeds guard.max_norm = 2"
+    assert c.check_update(3, 4, float("nan")) == "client 3 in round 5: its update holds NaN or Inf"
+    assert RunControl(FakeComm([]), GuardSection(max_norm=0.0), 0.0).check_update(3, 0, 1e300) is None   # 0: no bound
