@@ -88,9 +88,9 @@ def _hdf5_usable_again():
 # Per-test time limits, so that a hang fails its own test in bounded time instead of running into
 # setup.cfg's 600 s (the last resort, for tests/unit). A test in tests/mpi or tests/e2e without a
 # timeout mark of its own (on the test or its module) gets the one here; a module whose fixture
-# runs several jobs first marks itself longer. Chosen as about 15x the slowest test measured on
-# the 2-core machine (docs/guide.md, "Time limits of the tests"), so that a 2-3x slower CI machine
-# does not flake.
+# runs several jobs first marks itself longer. Chosen as 16x (MPI: 7 s) and 6x (e2e: 51 s) the
+# slowest such test measured on the shared 2-core machine (docs/guide.md, "Time limits of the
+# tests"), so that a 2-3x slower CI machine does not flake.
 # Under mpiexec each rank has its own timer: the first rank past it prints its stacks and exits,
 # and mpiexec then ends the others. An explicit --timeout (or PYTEST_TIMEOUT) on the command line
 # replaces these defaults (e.g. --timeout=0 to debug).
