@@ -58,13 +58,14 @@ exit "${STANDIN_SCONTROL_RC:-0}"
 """
 # hpcfl: record argv; exit with STANDIN_EXIT, or (wait_usr1) wait for USR1, then exit 75 like the
 # engine does after its checkpoint (bounded: gives up with exit 1 after 10 s), or (stall) leave the
-# watchdog's note as hpcfl.engine.watchdog does under the launcher and exit 137 as srun reports it.
+# watchdog's note as hpcfl.engine.watchdog does under the launcher and exit 137 as srun reports it
+# (or STANDIN_EXIT: another rank's own ending raced the watchdog).
 FAKE_HPCFL = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/hpcfl.argv"
 if [ "${STANDIN_MODE:-}" = stall ]; then   # the watchdog: its note where the launcher said, then 137
     printf 'hpcfl-stalled attempt=%s run=r1\n%s\n' "$HPCFL_ATTEMPT" "rank 1 stalled in phase train of round 7" \
         > "$HPCFL_STALL_NOTE"
-    exit 137
+    exit "${STANDIN_EXIT:-137}"
 fi
 printf '%s\n' "${OMP_NUM_THREADS-unset}" > "$STANDIN_DIR/omp"
 if [ "${STANDIN_MODE:-}" = wait_usr1 ]; then

@@ -62,6 +62,18 @@ def test_a_stall_ended_by_the_watchdog_requeues(stand, name):
     assert "rank 1 stalled in phase train of round 7" in p.output
 
 
+@pytest.mark.parametrize("code", [0, 2])
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_stall_note_never_turns_a_finish_or_bad_input_into_a_requeue(stand, name, code):
+    """This launch's own note (a watchdog that fired as the run ended), but the job's exit code is 0
+    (finished) or 2 (bad input: the same command would fail the same way): that exit code stands."""
+    out = stand.dir / "out"
+    out.mkdir()
+    p = stand.run(name, STANDIN_MODE="stall", STANDIN_EXIT=code, SLURM_RESTART_COUNT=0, OUT=out)
+    assert p.returncode == code, p.output
+    assert stand.argv("scontrol") is None and "after the watchdog ended a stalled run" not in p.output
+
+
 @pytest.mark.parametrize("code", [1, 137])
 @pytest.mark.parametrize("where", [".hpcfl-stalled", "checkpoints/.hpcfl-stalled", "replaced-1/.hpcfl-stalled",
                                    "fedavg_seed-0/.hpcfl-stalled"])

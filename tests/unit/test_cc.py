@@ -251,3 +251,20 @@ def test_cache_folders_are_created_private(tmp_path, monkeypatch):
         os.umask(old)
     for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "hpcfl", folder):
         assert p.stat().st_mode & 0o777 == 0o700, p
+
+
+@needs_cc
+def test_an_untrusted_cache_is_warned_about_once_per_process(cache, tmp_path):
+    """Every kernel (pooling, group kernels) is loaded through the same folder: one warning, not one
+    per library or per call. Caught with every warning recorded, as pytest and ``-W always`` show them."""
+    import warnings
+
+    cache.mkdir(parents=True)
+    os.chmod(cache.parent, 0o775)                          # the root group-writable: not trusted
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert cc.load(source(tmp_path, 5)).answer() == 5      # compiled privately
+        assert cc.load(source(tmp_path, 6, "other")).answer() == 6
+        assert cc.load(source(tmp_path, 5)).answer() == 5
+    said = [str(w.message) for w in seen if "the kernel cache is not used" in str(w.message)]
+    assert len(said) == 1 and f"{cache.parent} is writable by group" in said[0], said

@@ -236,3 +236,17 @@ def test_dataset_cache_folders_are_created_private(tmp_path):
     assert all(f.stat().st_mode & 0o022 == 0 for f in entry.iterdir())
     same(data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path / "new" / "cache")),
          data.load_dataset("synthetic_images", SMALL, None, 0, "off"))
+
+
+def test_an_untrusted_cache_is_said_once_per_process(tmp_path, capsys):
+    """A sweep loads the dataset for every point in one process: the cache folder's problem is told
+    once, not once per load."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    os.chmod(root, 0o770)                                    # group-writable: not trusted
+    first = data.load_dataset("synthetic_images", SMALL, None, 0, str(root))
+    again = data.load_dataset("synthetic_images", SMALL, None, 0, str(root))
+    same(first, again)
+    out = capsys.readouterr().out
+    assert out.count("the dataset cache is not used") == 1 and f"{root} is writable by group" in out, out
+    assert list(root.iterdir()) == []                         # nothing written there either

@@ -633,3 +633,33 @@ def test_open_regular_reads_a_regular_file_in_blocking_mode(tmp_path):
         assert f.read() == "héllo\n" and os.get_blocking(f.fileno())   # O_NONBLOCK only for the check
     with open_regular(tmp_path / "a.txt") as f:
         assert f.read() == "héllo\n".encode()
+
+
+def test_open_regular_never_waits_for_a_fifos_writer(tmp_path):
+    """The open itself must not block on a FIFO (O_NONBLOCK): tried in a thread with a 5 s deadline,
+    so that a regression fails here at once instead of hanging the suite until its timeout."""
+    import threading
+
+    from hpcfl.inputs import open_regular
+
+    path = tmp_path / "in.npz"
+    os.mkfifo(path)
+    got = []
+
+    def attempt():
+        try:
+            open_regular(path).close()
+            got.append("opened")
+        except OSError as err:
+            got.append(err)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(5.0)
+    waited = t.is_alive()
+    if waited:   # release the blocked open (a writer appears), so that no thread is left behind
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        t.join(5.0)
+        os.close(fd)
+    assert not waited, "open_regular blocked on a FIFO waiting for a writer"
+    assert isinstance(got[0], OSError) and "not a regular file but a FIFO (named pipe)" in str(got[0])

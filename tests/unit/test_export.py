@@ -96,6 +96,11 @@ def test_tensorboard_events_read_back(sweep, tmp_path, monkeypatch):
                                       res.metrics["test_accuracy"][1:].astype(np.float32))
         loss = acc.Scalars("metrics/train_loss")
         np.testing.assert_array_equal([e.value for e in loss], res.metrics["train_loss"].astype(np.float32))
+        # each point at its round's end: the run's start plus the rounds' times so far
+        from hpcfl.analysis.tbevents import start_time
+        assert start_time(res) > 0
+        np.testing.assert_allclose([e.wall_time for e in loss], start_time(res) + np.cumsum(res.metrics["time_round"]),
+                                   rtol=0, atol=1e-6)
         last = res.client_eval["accuracy"][res.client_eval["round"] == 3]
         assert acc.Scalars("clients/accuracy_mean")[-1].value == np.float32(last.mean())
         assert acc.Scalars("clients/accuracy_worst10")[-1].value == np.float32(last.min())   # 1 of 7 clients
@@ -103,6 +108,23 @@ def test_tensorboard_events_read_back(sweep, tmp_path, monkeypatch):
     monkeypatch.chdir(sweep.parent)
     assert cli.main(["export", "runs", "--format", "tensorboard", "--out", str(tmp_path / "tb")]) == 0
     assert sorted(p.parent.name for p in (tmp_path / "tb").rglob("events.out.tfevents.*")) == ["seed-0", "seed-1"]
+
+
+def test_tensorboard_points_are_at_their_rounds_end():
+    """A round's point is stamped when the round ended: start + the times of rounds 1..r (hand values)."""
+    from types import SimpleNamespace
+
+    from hpcfl.analysis.tbevents import scalars, start_time
+
+    res = SimpleNamespace(segments=[{"started": "2024-01-01T00:00:00Z"}], client_eval=None,
+                          metrics={"round": np.array([1, 2, 3]), "time_round": np.array([2.0, 3.0, 4.0]),
+                                   "train_loss": np.array([0.5, 0.25, np.nan])})
+    assert start_time(res) == 1704067200.0
+    t0 = 1704067200.0
+    got = {(tag, step): wall for tag, step, wall, _ in scalars(res)}
+    assert got[("metrics/train_loss", 1)] == t0 + 2.0 and got[("metrics/train_loss", 2)] == t0 + 5.0
+    assert ("metrics/train_loss", 3) not in got                       # NaN: no point
+    assert [got[("metrics/time_round", r)] for r in (1, 2, 3)] == [t0 + 2.0, t0 + 5.0, t0 + 9.0]
 
 
 # --------------------------------------------------------------------------- what export never does

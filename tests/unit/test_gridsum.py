@@ -264,3 +264,33 @@ def test_numpy_conversion_of_mixed_rows_is_pythons_exact_int():
             conv(lo, hi, top, limbs, 47, starts, unit, out)
             assert out.tolist() == exact
     assert (np.abs(lo[low_only]) > 2**53).any()   # the rounding of the low limb itself was exercised
+
+
+def test_limbs_needed_at_the_boundary_where_rint_rounds_up_to_the_next_limb():
+    # K = 1024 contributions: S = 52, the default grid G = 64 - 3 * 52 = -92. A block whose
+    # largest exponent gives reach = E - 1022 - G = S holds |v| * 2**-G < 2**52, and from
+    # S <= 52 on that product has a half-unit fraction, so rint can give exactly 2**52 = 2**S:
+    # one unit of the high limb. reach == S therefore needs 2 limbs, reach == 2S needs 3.
+    acc = GridSum(1)
+    acc.reset(1024)
+    assert acc.s_bits == 52 and acc.grid[0] == -92
+    exps = lambda reach: np.array([reach + 1022 - 92], dtype=np.int16)   # noqa: E731
+    assert acc._limbs_needed(exps(51)) == 1
+    assert acc._limbs_needed(exps(52)) == 2        # reach == S: 2**S is reachable
+    assert acc._limbs_needed(exps(103)) == 2
+    assert acc._limbs_needed(exps(104)) == 3       # reach == 2S
+    assert acc._limbs_needed(np.array([0], dtype=np.int16)) == 1
+
+
+def test_exact_sum_at_the_limb_boundary_with_1024_contributions():
+    # v = 2**-40 - 2**-93 (the float below 2**-40): v * 2**92 = 2**52 - 1/2, a tie that rint
+    # rounds to the even 2**52 = 2**S, so each q is 0 in the low limb and 1 in the high limb.
+    # The exact sum on the grid is 1024 * 2**52 * 2**-92 = 2**-30; a reduction that sent only
+    # the low limb would return 0.
+    v = np.nextafter(2.0 ** -40, 0.0)
+    assert v == 2.0 ** -40 - 2.0 ** -93
+    acc = GridSum(1)
+    got = summed(acc, np.full((1024, 1), v))
+    assert acc.s_bits == 52
+    assert got[0] == 2.0 ** -30
+    assert acc.wire == [0, 1, 0]

@@ -50,3 +50,16 @@ def test_a_checkpoint_past_its_own_job(ckpt_job_rounds):
         check(RES, CKPT.with_name("ckpt-00000099.h5"), 99, 6, ckpt_job_rounds, np.arange(1, 7))
     assert "claims round 99, beyond the job's run.rounds = 6" in str(info.value)
     assert "Remove it from /r/checkpoints" in str(info.value)
+
+
+def test_rounds_lowered_below_a_finished_runs_last_checkpoint():
+    # The checkpoint written after the job's last round (round 6 of 6) is the run's own: lowering
+    # run.rounds below it is the "already past" case with its --set fix, not a foreign checkpoint.
+    last = CKPT.with_name("ckpt-00000006.h5")
+    with pytest.raises(HpcflError) as info:
+        check(RES, last, 6, 4, 6, np.arange(1, 7))
+    assert str(info.value).startswith(f"run.rounds = 4 is below the round of checkpoint {last} (written after "
+                                      f"round 6; its job has run.rounds = 6)")
+    assert "--set run.rounds=6" in str(info.value) and "claims round" not in str(info.value)
+    with pytest.raises(HpcflError, match="claims round 7, beyond the job's run.rounds = 6"):
+        check(RES, CKPT.with_name("ckpt-00000007.h5"), 7, 4, 6, np.arange(1, 8))   # one past its job's end

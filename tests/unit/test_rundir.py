@@ -100,6 +100,28 @@ def test_boundary_takes_rank_0s_clock_and_any_ranks_stop():
     assert c.boundary() == ("SIGTERM", False)   # 0 minutes: the clock never triggers
 
 
+class FakeCommRank1:
+    """allgather as rank 1 sees it: rank 0's (stop flag, due, trouble) first, then its own."""
+
+    rank = 1
+
+    def __init__(self, rank0):
+        self.rank0 = rank0
+
+    def allgather(self, mine):
+        return [self.rank0, mine]
+
+
+def test_a_non_zero_rank_takes_rank_0s_clock_for_the_checkpoint():
+    """Clocks disagree: every rank must take rank 0's decision, or ranks would checkpoint (a collective)
+    in different rounds and block."""
+    c = RunControl(FakeCommRank1((None, True, None)), GuardSection(), 0.0, checkpoint_minutes=10)
+    assert c.boundary() == (None, True)         # its own clock says not due (0 of 600 s); rank 0's says due
+    c.last_checkpoint -= 601
+    c.comm.rank0 = (None, False, None)
+    assert c.boundary() == (None, False)        # its own clock says due; rank 0's does not
+
+
 def test_boundary_agrees_on_a_failed_write_and_a_callback_that_raised():
     """Rank 1 (here the fake's other rank) reported a failed write: this rank raises the same error at
     the boundary. A callback's error is a stop with a checkpoint: the boundary says so and keeps it."""
@@ -221,3 +243,15 @@ def test_a_checkpoint_of_another_job_is_never_resumed_from(tmp_path):
         resume.check_job(ckpt(config.load(job, ["run.seed=2"])), cfg)
     with pytest.raises(HpcflError, match="config and config_sha256 differ"):
         resume.check_job(ckpt(config.load(job, ["run.seed=2"]), digest=cfg.digest()), cfg)  # job edited in
+
+
+def test_the_update_guard_lets_a_norm_of_exactly_max_norm_through():
+    """guard.max_norm bounds the norm: an update of norm exactly max_norm is within the bound."""
+    import numpy as np
+
+    c = RunControl(FakeComm([]), GuardSection(max_norm=2.0), 0.0)
+    assert c.check_update(3, 0, 2.0) is None
+    assert c.check_update(3, 0, float(np.nextafter(2.0, 3.0))) == \
+        "client 3 in round 1: update norm 2 exceeds guard.max_norm = 2"
+    assert c.check_update(3, 4, float("nan")) == "client 3 in round 5: its update holds NaN or Inf"
+    assert RunControl(FakeComm([]), GuardSection(max_norm=0.0), 0.0).check_update(3, 0, 1e300) is None   # 0: no bound

@@ -204,3 +204,49 @@ def test_only_a_resumed_run_remembers_and_says_so(tmp_path, capsys):
         in capsys.readouterr().out
     for c in (fresh, resumed):
         c.close()
+
+
+def test_a_late_wake_up_of_exactly_the_pause_gap_still_counts():
+    # PAUSE_GAP_S is the largest lateness still counted against the phase: only a wake-up
+    # later than that means this process was stopped.
+    w, clock = dog()
+    w.enter("reduce", 0)
+    since = w.since
+    clock.t += 1.0 + PAUSE_GAP_S                                # asked for 1 s, woke exactly 5 s late
+    assert w.tick(1.0) is None
+    assert w.paused == 0.0 and w._now() - since == 1.0 + PAUSE_GAP_S
+    clock.t += 1.0 + PAUSE_GAP_S + 0.5                          # half a second more: stopped, not counted
+    w.tick(1.0)
+    assert w.paused == PAUSE_GAP_S + 0.5 and w._now() - since == 2.0 + PAUSE_GAP_S
+
+
+def _in_a_thread(call, deadline):
+    """Run ``call()`` in a thread; seconds it took, or None if still running after ``deadline``."""
+    import threading
+    import time
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(deadline)
+    return None if t.is_alive() else time.monotonic() - t0
+
+
+def test_a_stuck_note_or_memory_write_does_not_hold_up_the_abort(tmp_path, monkeypatch):
+    import threading
+
+    from hpcfl.io import safefs
+
+    stuck = threading.Event()       # a file system that never answers, until the test lets go
+    monkeypatch.setattr(safefs, "write_once", lambda *a, **k: stuck.wait(60))
+    monkeypatch.setattr(safefs, "write_new", lambda *a, **k: stuck.wait(60))
+    w = Watchdog(Comm(), Limits(), start=False, marker=tmp_path / ".hpcfl-stalled", memory=tmp_path / "memory")
+    try:
+        took = _in_a_thread(lambda: w.leave_marker("stuck"), deadline=10.0)
+        assert took is not None and 1.5 < took < 10.0, took           # gave up after its 2 s
+        took = _in_a_thread(lambda: w.leave_marker("stuck", wait=0.2), deadline=10.0)
+        assert took is not None and took < 5.0, took
+        took = _in_a_thread(lambda: w.remember(3, wait=0.2), deadline=10.0)
+        assert took is not None and took < 5.0, took
+    finally:
+        stuck.set()
