@@ -40,7 +40,7 @@ from ..io import safefs
 from ..io.sweeppoint import POINT_JOB
 from ..io.sweeppoint import header as point_header
 from .run import run_job
-from .sweepgrid import legacy_names, point_names, read_grid, set_text
+from ..config.sweepgrid import legacy_names, point_names, read_grid, set_text
 
 ARRAY_TEMPLATE = "slurm/array_sweep.sbatch"
 MAX_POINTS = 10_000   # a larger grid needs --max-points (docs/guide.md, Sweeps)

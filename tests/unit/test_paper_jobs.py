@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcfl import config
-from hpcfl.config import paper
+from hpcfl.config import paper, paperjobs
 from hpcfl.errors import ConfigError
 
 PAPERS = Path(__file__).resolve().parents[2] / "jobs" / "papers"
@@ -20,7 +20,7 @@ QUOTING = ("gift_table2_", "gift_fig5_lenet5", "fedlga_", "feddisco_", "fedgsnr_
 
 @pytest.mark.parametrize("job", JOBS, ids=[p.name for p in JOBS])
 def test_every_quote_sits_on_a_valid_run_of_the_papers_policies_or_is_labelled(job):
-    assert paper.check_job(job) == []
+    assert paperjobs.check_job(job) == []
     table = config.read_job(job)
     if job.name.startswith(QUOTING):
         assert len(table["paper"]["quote"]) >= 2, job.name
@@ -50,30 +50,30 @@ def test_a_quote_on_hpcfls_rule_is_refused():
     text = (PAPERS / "gift_table2_lenet5.toml").read_text()
     bad = text.replace('point = { "algorithm.gift.mode" = "literal" }', 'point = { "algorithm.gift.mode" = "stagnation" }')
     assert bad != text
-    problems = paper.check_table(tomllib.loads(bad))
+    problems = paperjobs.check_table(tomllib.loads(bad))
     assert len(problems) == 2   # accuracy and hours
     assert all("uses hpcfl's own rule algorithm.gift.mode = 'stagnation'" in p for p in problems)
     assert "Table II, LeNet-5, GIFT, final_accuracy 0.568" in problems[0]
     # labelled as hpcfl's, the same quotes pass
     labelled = bad.replace('metric = "final_accuracy"\nvalue = 0.568', 'metric = "final_accuracy"\nvalue = 0.568\n'
                            'rules = "hpcfl"').replace('value = 0.64\n', 'value = 0.64\nrules = "hpcfl"\n')
-    assert paper.check_table(tomllib.loads(labelled)) == []
+    assert paperjobs.check_table(tomllib.loads(labelled)) == []
 
 
 def test_the_rule_is_found_through_the_defaults():
     """The Fig. 5 job without its [algorithm.gift] table runs gift.mode's default, hpcfl's stagnation
     rule: the quotes on the gift point are then refused."""
     table = config.read_job(PAPERS / "gift_fig5_lenet5.toml")
-    assert paper.check_table(table) == []
+    assert paperjobs.check_table(table) == []
     del table["algorithm"]["gift"]
-    problems = paper.check_table(table)
+    problems = paperjobs.check_table(table)
     assert len(problems) == 2 and all("algorithm.gift.mode = 'stagnation'" in p for p in problems)
 
 
 def test_a_hpcfl_label_on_the_papers_run_is_refused():
     text = (PAPERS / "gift_table2_lenet5.toml").read_text()
     bad = text.replace('value = 0.521\n', 'value = 0.521\nrules = "hpcfl"\n')
-    problems = paper.check_table(tomllib.loads(bad))
+    problems = paperjobs.check_table(tomllib.loads(bad))
     assert len(problems) == 1 and "labelled rules = \"hpcfl\" but the run" in problems[0]
 
 
@@ -83,7 +83,7 @@ def test_a_quote_must_name_a_run_that_exists_and_validates():
     quotes[1]["point"] = {"algorithm.name": "fedprox"}          # not a point of the grid
     quotes[2]["point"] = {"algorithm.lr": 0.1}                  # not a swept key
     quotes[3]["set"] = {"algorithm.mu": 1.0}                    # FedNova with mu: an invalid job
-    problems = paper.check_table(base)
+    problems = paperjobs.check_table(base)
     assert len(problems) == 3
     assert "point algorithm.name = 'fedprox' is not among the [sweep] values" in problems[0]
     assert "point key 'algorithm.lr' is not a [sweep] key" in problems[1]
@@ -123,4 +123,4 @@ def test_fedlgas_figures_sit_on_the_paper_exact_run_as_well_as_beside_hpcfls_def
         for q in on_exact:
             assert {k: v for k, v in config.flatten(q["set"]).items() if k in exact} == exact, (stem, q["figure"])
         assert sorted(q["value"] for q in on_exact) == sorted(q["value"] for q in ours)
-        assert paper.check_job(PAPERS / f"{stem}.toml") == []
+        assert paperjobs.check_job(PAPERS / f"{stem}.toml") == []

@@ -1,5 +1,5 @@
 """The ``[sweep]`` grid of a job: its validation, the ``--set`` text of a value, and point names
-(unique as folder names, also on a case-insensitive filesystem). Used by :mod:`hpcfl.cli.sweep`."""
+(unique as folder names, also on a case-insensitive filesystem). Used by :mod:`hpcfl.cli.sweep` and by the paper-job checks (:mod:`.paper`); a config module, so both may use it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import hashlib
 import re
 from collections import Counter
 
-from ..config.tomltext import _canonical, toml_value
 from ..errors import ConfigError
+from .tomltext import _canonical, toml_value
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_NAME = 128   # config.RUN_NAME's limit
@@ -18,7 +18,7 @@ def read_grid(raw) -> dict:
     """Validate a ``[sweep]`` table; returns {dotted key: list of values} in file order."""
     if not isinstance(raw, dict):
         raise ConfigError(f"sweep must be a table ([sweep] with \"section.key\" = [values...]), found {raw!r}")
-    from ..config import flatten  # unquoted dotted keys were grouped by section by TOML
+    from . import flatten  # unquoted dotted keys were grouped by section by TOML
 
     grid, problems = flatten(raw), []
     for key, values in grid.items():
@@ -40,7 +40,7 @@ def read_grid(raw) -> dict:
 
 def set_text(key: str, value) -> str:
     """``key=value`` as ``--set`` reads it: the plain value when it parses back the same, else TOML."""
-    from ..config import parse_override
+    from . import parse_override
 
     plain = f"{key}={value}" if isinstance(value, str) else None
     if plain is not None and parse_override(plain)[1] == value:
