@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--last-k", type=int, default=5, metavar="K", help="average the last K evaluations (default 5)")
     p.add_argument("--baseline", metavar="KEY=VALUE",
                    help="the group the others are compared with, e.g. algorithm.name=fedavg (or a label): "
-                        "columns of paired differences matched by seed (Δ final vs FedAvg: +0.012 ± 0.0040 "
+                        "columns of paired differences matched by seed (Δ final vs FedAvg: +0.0120 ± 0.0040 "
                         "(3/3 better)) and, with --target, speedups")
     p.add_argument("--order", metavar="ITEM[,ITEM]",
                    help="group order: these first, e.g. --order fedlga,fedavg (labels, KEY=VALUE or a grouping "
