@@ -1,0 +1,123 @@
+"""The policies' collectives (hpcfl.parallel.comm.Collectives) and the sums' root and reset rules,
+on one process: MPI.COMM_SELF, or a stand-in communicator that plays one rank of several.
+
+Written against mutmut's survivors in comm.py (docs/testing.md, "Mutation testing"): every value here
+is computed by hand.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcfl.parallel.comm import Collectives, ExactSum, FloatSum, deal
+
+
+class OneOfMany:
+    """Rank ``rank`` of a world whose other ranks contribute nothing to a sum and send ``others``
+    to an allgather: reductions are then the identity, gathers see every rank's part."""
+
+    def __init__(self, rank, others=()):
+        self.rank, self.others, self.sent = rank, list(others), []
+
+    def Allreduce(self, sendbuf, recvbuf, op):   # noqa: N802  (mpi4py's name)
+        assert sendbuf is MPI.IN_PLACE
+
+    def allgather(self, obj):
+        self.sent.append(obj)
+        return self.others[: self.rank] + [obj] + self.others[self.rank:]
+
+
+# 2**53 + 1 is not a float64: a float sum loses the 1 and the exact one keeps it
+BIG = [np.array([2.0 ** 53, 0.5]), np.array([1.0, 0.25]), np.array([-(2.0 ** 53), 0.0])]
+
+
+def test_sum_is_exact_in_exact_mode_and_plain_float_otherwise():
+    exact = Collectives(MPI.COMM_SELF, "exact")
+    assert exact.sum("s", BIG, 2, total=3).tolist() == [1.0, 0.75]
+    # float: (2**53 + 1) rounds to 2**53 (ties to even), minus 2**53 is 0
+    assert Collectives(MPI.COMM_SELF, "float").sum("s", BIG, 2, total=3).tolist() == [0.0, 0.75]
+    assert Collectives(MPI.COMM_SELF).sum("s", BIG, 2, total=3).tolist() == [1.0, 0.75]   # exact by default
+    assert exact.calls == ["s"]
+
+
+def test_sum_answers_on_every_rank_not_only_the_root():
+    for mode in ("exact", "float"):
+        got = Collectives(OneOfMany(rank=1), mode).sum("s", [np.array([1.5, -2.0])], 2, total=2)
+        assert got.tolist() == [1.5, -2.0]
+
+
+def test_float_and_exact_sums_answer_on_the_root_only_unless_root_is_none():
+    for make in (FloatSum, ExactSum):
+        acc = make(2)
+        acc.add(np.array([3.0, 4.0]))
+        assert acc.reduce(OneOfMany(rank=1), total=1) is None                 # root 0 by default
+        assert acc.reduce(OneOfMany(rank=1), total=1, root=1).tolist() == [3.0, 4.0]
+        assert acc.reduce(OneOfMany(rank=1), total=1, root=None).tolist() == [3.0, 4.0]
+
+
+def test_exact_sum_reset_forgets_the_rows_and_their_magnitude():
+    acc = ExactSum(2)
+    acc.add(np.array([1.0, 8.0]))
+    assert acc.reduce(MPI.COMM_SELF, total=1).tolist() == [1.0, 8.0]
+    acc.reset()
+    assert acc.count == 0
+    # a leftover max |v| of 8 (or any 1.0) would put 2**-70 below the grid's last bit and sum it to 0
+    acc.add(np.array([2.0 ** -70, 3.0 * 2.0 ** -80]))
+    assert acc.reduce(MPI.COMM_SELF, total=1).tolist() == [2.0 ** -70, 3.0 * 2.0 ** -80]
+
+
+def test_nan_and_inf_are_refused_with_the_reason():
+    with pytest.raises(FloatingPointError, match=r"^a contribution holds NaN or Inf; it cannot be summed$"):
+        FloatSum(2).add(np.array([np.inf, 0.0]))
+    with pytest.raises(FloatingPointError, match=r"^a contribution holds NaN or Inf; it cannot be summed$"):
+        ExactSum(2).add(np.array([0.0, np.nan]))
+
+
+def test_sum_int_is_an_int64_sum():
+    coll = Collectives(MPI.COMM_SELF)
+    got = coll.sum_int("n", np.array([3, -4], dtype=np.int32))
+    assert got.dtype == np.int64 and got.tolist() == [3, -4]
+    assert coll.calls == ["n"]
+
+
+def test_gather_places_each_ranks_rows_at_their_positions():
+    # rank 1 of 3: rank 0 holds position 2, rank 2 holds none (it sends a (0, 0) block)
+    comm = OneOfMany(rank=1, others=[(np.array([2]), np.array([[5.0, 6.0]])), (np.array([], np.int64), np.zeros((0, 0)))])
+    coll = Collectives(comm)
+    got = coll.gather("g", np.array([0, 1]), [1.0, 2.0, 3.0, 4.0], k=3)   # flat values: reshaped to (2, 2)
+    assert got.tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    assert coll.calls == ["g"]
+    # what this rank sent: its positions and (m, width) rows
+    pos, vals = comm.sent[0]
+    assert pos.tolist() == [0, 1] and vals.shape == (2, 2)
+
+
+def test_gather_from_a_rank_that_holds_nothing():
+    comm = OneOfMany(rank=0, others=[(np.array([0, 1]), np.array([[7.0], [8.0]]))])
+    got = Collectives(comm).gather("g", np.array([], dtype=np.int64), np.array([]), k=2)
+    assert got.tolist() == [[7.0], [8.0]]
+    pos, vals = comm.sent[0]
+    assert len(pos) == 0 and vals.size == 0
+    # no rank holds anything and k = 0: an empty (0, 1) table
+    assert Collectives(OneOfMany(rank=0)).gather("g", [], [], k=0).shape == (0, 1)
+
+
+def test_gather_refuses_a_position_held_twice_or_by_no_rank():
+    twice = OneOfMany(rank=1, others=[(np.array([0]), np.array([[1.0]]))])
+    with pytest.raises(RuntimeError, match=r"^collective 'g': positions \[0\] were not given by exactly one rank$"):
+        Collectives(twice).gather("g", np.array([0]), np.array([[2.0]]), k=1)
+    none = OneOfMany(rank=0)
+    with pytest.raises(RuntimeError, match=r"positions \[1, 2\] were not given"):
+        Collectives(none).gather("g", np.array([0]), np.array([[2.0]]), k=3)
+
+
+def test_bcast_sends_from_rank_0_by_default():
+    coll = Collectives(MPI.COMM_SELF)
+    assert coll.bcast("b", {"x": 1}) == {"x": 1}
+    assert coll.bcast("c", [2], root=0) == [2]
+    assert coll.calls == ["b", "c"]
+
+
+def test_deal_returns_int64_ranks():
+    assert deal([3.0, 1.0, 2.0], 2).dtype == np.int64
+    assert deal([3.0, 1.0], 1).dtype == np.int64
