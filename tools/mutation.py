@@ -42,9 +42,9 @@ SCOPES = {
     # njit functions, compiled from their source, which mutmut's trampolines cannot pass through;
     # gridsum.py's numpy deposit is their bitwise reference and is mutated instead.
     "parallel": (["hpcfl/parallel/gridsum.py", "hpcfl/parallel/gridsum_torch.py", "hpcfl/parallel/comm.py"],
-                 ["tests/unit/test_gridsum.py", "tests/unit/test_gridsum_torch.py",
+                 ["tests/unit/test_gridsum.py", "tests/unit/test_gridsum_torch.py", "tests/unit/test_gridsum_torch_paths.py",
                   "tests/unit/test_device_sums.py", "tests/unit/test_comm.py",
-                  "tests/unit/test_policy_traffic.py"]),
+                  "tests/unit/test_collectives.py", "tests/unit/test_policy_traffic.py"]),
     "io": (["hpcfl/io/*"],
            ["tests/unit/test_checkpoint.py", "tests/unit/test_checkpoint_durability.py",
             "tests/unit/test_checkpoint_held.py", "tests/unit/test_ckpt_stream.py",
