@@ -42,7 +42,8 @@ SCOPES = {
     # njit functions, compiled from their source, which mutmut's trampolines cannot pass through;
     # gridsum.py's numpy deposit is their bitwise reference and is mutated instead.
     "parallel": (["hpcfl/parallel/gridsum.py", "hpcfl/parallel/gridsum_torch.py", "hpcfl/parallel/comm.py"],
-                 ["tests/unit/test_gridsum.py", "tests/unit/test_gridsum_torch.py", "tests/unit/test_gridsum_torch_paths.py",
+                 ["tests/unit/test_gridsum.py", "tests/unit/test_gridsum_edges.py", "tests/unit/test_gridsum_torch.py",
+                  "tests/unit/test_gridsum_torch_paths.py",
                   "tests/unit/test_device_sums.py", "tests/unit/test_comm.py",
                   "tests/unit/test_collectives.py", "tests/unit/test_policy_traffic.py"]),
     "io": (["hpcfl/io/*"],
@@ -141,13 +142,28 @@ def mutmut_exe() -> Path:
     return exe
 
 
-def mutmut(work: Path, *args: str, capture: bool = True) -> str:
-    exe = mutmut_exe()
+def mutmut(work: Path, *args: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}   # import the mutants, not ROOT
-    if not capture:
-        subprocess.run([str(exe), *args], cwd=work, env=env, check=False)
-        return ""
-    return subprocess.run([str(exe), *args], cwd=work, env=env, capture_output=True, text=True).stdout
+    subprocess.run([str(mutmut_exe()), *args], cwd=work, env=env, check=False)
+
+
+# `mutmut show NAME` loads mutmut afresh for each survivor (about 1 s each): one process does them all
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+print(json.dumps({name: get_diff_for_mutant(name, path=path) for name, path in json.load(sys.stdin)}))
+"""
+
+
+def survivor_diffs(work: Path, rows: dict[str, dict]) -> dict[str, str]:
+    """The unified diff of each survivor of :func:`tally`'s rows, by name (mutmut's own diff)."""
+    items = [(s.split(" ")[0], module) for module, r in rows.items() for s in r["survivors"]]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", _DIFFS], cwd=work, env=env, input=json.dumps(items),
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return {name: f"(no diff: {out.stderr.strip().splitlines()[-1:]})" for name, _ in items}
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def tally(work: Path) -> dict[str, dict]:
@@ -206,15 +222,16 @@ def run_scope(name: str, keep: bool, diffs: bool, workdir: Path | None) -> None:
     write_config(work, globs, tests)
     print(f"== scope {name}: mutating {' '.join(globs)}\n   tests {' '.join(tests)}\n   in {work}", flush=True)
     t0 = time.perf_counter()
-    mutmut(work, "run", capture=False)
+    mutmut(work, "run")
     print(f"\n== scope {name}: {time.perf_counter() - t0:.0f} s\n")
     rows = tally(work)
     print(table(rows))
+    shown = survivor_diffs(work, rows) if diffs else {}
     for module, r in rows.items():
         for survivor in r["survivors"]:
             print(f"\n-- survived: {survivor}")
             if diffs:
-                print(mutmut(work, "show", survivor.split(" ")[0]).rstrip())
+                print(shown.get(survivor.split(" ")[0], "").rstrip())
     if keep:
         print(f"\nscratch copy kept: {work} (cd there, then `mutmut show NAME` / `mutmut run NAME`)")
     else:

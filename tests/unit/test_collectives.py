@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcfl.parallel.comm import Collectives, ExactSum, FloatSum, deal
+from hpcfl.errors import ConfigError
+from hpcfl.parallel.comm import Collectives, ExactSum, FloatSum, deal, fixed_point_bits, make_sum, owners
 
 
 class OneOfMany:
@@ -17,10 +18,11 @@ class OneOfMany:
     to an allgather: reductions are then the identity, gathers see every rank's part."""
 
     def __init__(self, rank, others=()):
-        self.rank, self.others, self.sent = rank, list(others), []
+        self.rank, self.others, self.sent, self.ops = rank, list(others), [], []
 
     def Allreduce(self, sendbuf, recvbuf, op):   # noqa: N802  (mpi4py's name)
         assert sendbuf is MPI.IN_PLACE
+        self.ops.append(op)
 
     def allgather(self, obj):
         self.sent.append(obj)
@@ -121,3 +123,40 @@ def test_bcast_sends_from_rank_0_by_default():
 def test_deal_returns_int64_ranks():
     assert deal([3.0, 1.0, 2.0], 2).dtype == np.int64
     assert deal([3.0, 1.0], 1).dtype == np.int64
+
+
+def test_exact_sum_agrees_on_the_max_exponent_then_sums():
+    acc, comm = ExactSum(2), OneOfMany(rank=0)
+    acc.add(np.array([1.0, 2.0]))
+    acc.reduce(comm, total=1)
+    assert comm.ops == [MPI.MAX, MPI.SUM]
+    assert acc.exponents().dtype == np.int16 and acc.exponents().tolist() == [1023, 1024]
+
+
+def test_exact_sum_rounds_to_nearest_on_the_grid():
+    # total 2: b = 61; max |v| = 1 (E = 1023): shift = 61 + 1022 - 1023 = 60, unit 2**-60.
+    # 0.75 units rounds to 1 unit (not truncated to 0): 1 + 2**-60; on a grid twice as coarse, 0.375 -> 0
+    acc = ExactSum(1)
+    acc.add([1.0])
+    acc.add(np.array([[0.75 * 2.0 ** -60]]))        # any shape of one element
+    assert acc.reduce(MPI.COMM_SELF, total=2).tolist() == [1.0 + 2.0 ** -60]
+    with pytest.raises(ValueError, match=r"^row of shape \(2,\), expected \(1,\)$"):
+        acc.add([1.0, 2.0])
+
+
+def test_fixed_point_bits_for_one_contribution_or_none():
+    assert fixed_point_bits(1) == 62 and fixed_point_bits(0) == 62 and fixed_point_bits(2) == 61
+
+
+def test_make_sum_picks_the_accumulator_of_the_mode_and_place():
+    from hpcfl.parallel.gridsum import GridSum
+    from hpcfl.parallel.gridsum_torch import TorchFloatSum, TorchGridSum
+
+    assert type(make_sum("exact", 4)) is GridSum and type(make_sum("float", 4)) is FloatSum
+    assert type(make_sum("exact", 4, device="cpu")) is TorchGridSum
+    assert type(make_sum("float", 4, device="cpu")) is TorchFloatSum
+
+
+def test_an_unknown_placement_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match=r"runtime.placement = 'spread'; choose 'balanced', 'block' or 'round_robin'$"):
+        owners(4, 2, "spread")
