@@ -157,3 +157,31 @@ def test_commit_through_the_fused_deposit_and_through_its_first_check(monkeypatc
     for name in ("lo", "hi", "top", "amax"):
         assert torch.equal(getattr(plain, name), getattr(fused, name)), name
     assert plain.reduce(MPI.COMM_SELF, 3).numpy().tobytes() == fused.reduce(MPI.COMM_SELF, 3).numpy().tobytes()
+
+
+def test_bit_length_is_exact_where_the_float_conversion_rounds_up():
+    from hpcfl.parallel.gridsum_torch import _bit_length
+
+    # 2**60 - 1 and 2**63 - 1 convert to 2**60 and 2**63: frexp says 61 and 64, the bits are 60 and 63
+    x = torch.tensor([1, 2, 3, 2 ** 60 - 1, 2 ** 60, 2 ** 63 - 1], dtype=torch.int64)
+    assert _bit_length(x).tolist() == [1, 2, 2, 60, 61, 63]
+
+
+def test_add_keeps_float64_and_names_a_wrong_shape():
+    acc = TorchGridSum(4, device="cpu")
+    acc.reset(1)
+    acc.add([0.1, 0.2, 2.0 ** -100, 3.0])                  # a list: float64, not torch's default float32
+    assert acc.reduce(MPI.COMM_SELF, 1).tolist() == [0.1, 0.2, 2.0 ** -100, 3.0]
+    acc.reset(1)
+    with pytest.raises(ValueError, match=r"^row of shape \(3,\), expected \(4,\)$"):
+        acc.add([1.0, 2.0, 3.0])
+
+
+def test_a_nan_in_the_last_block_is_named_by_its_element():
+    acc = TorchGridSum(64, device="cpu")                 # one segment of 64: four blocks of 16
+    acc.reset(1)
+    row = torch.zeros(64, dtype=torch.float64)
+    row[63] = float("nan")
+    acc.add(row)
+    with pytest.raises(FloatingPointError, match=r"\(element 63\)"):
+        acc.reduce(MPI.COMM_SELF, 1)
