@@ -120,6 +120,16 @@ def test_bcast_sends_from_rank_0_by_default():
     assert coll.calls == ["b", "c"]
 
 
+def test_bcast_passes_the_root_on():
+    class Recording:
+        def bcast(self, obj, root=0):
+            self.root = root
+            return obj
+
+    comm = Recording()
+    assert Collectives(comm).bcast("b", 5, root=1) == 5 and comm.root == 1
+
+
 def test_deal_returns_int64_ranks():
     assert deal([3.0, 1.0, 2.0], 2).dtype == np.int64
     assert deal([3.0, 1.0], 1).dtype == np.int64
@@ -134,12 +144,14 @@ def test_exact_sum_agrees_on_the_max_exponent_then_sums():
 
 
 def test_exact_sum_rounds_to_nearest_on_the_grid():
-    # total 2: b = 61; max |v| = 1 (E = 1023): shift = 61 + 1022 - 1023 = 60, unit 2**-60.
-    # 0.75 units rounds to 1 unit (not truncated to 0): 1 + 2**-60; on a grid twice as coarse, 0.375 -> 0
+    # total 3: b = 60; max |v| = 1 (E = 1023): shift = 60 + 1022 - 1023 = 59, unit 2**-59.
+    # 1 - 1 + 0.625 units: rint(0.625) = 1 unit, so the sum is 2**-59 (truncation would give 0, a grid
+    # one bit finer 2**-60: rint(1.25) = 1 unit of 2**-60)
     acc = ExactSum(1)
     acc.add([1.0])
-    acc.add(np.array([[0.75 * 2.0 ** -60]]))        # any shape of one element
-    assert acc.reduce(MPI.COMM_SELF, total=2).tolist() == [1.0 + 2.0 ** -60]
+    acc.add([-1.0])
+    acc.add(np.array([[0.625 * 2.0 ** -59]]))        # any shape of one element
+    assert acc.reduce(MPI.COMM_SELF, total=3).tolist() == [2.0 ** -59]
     with pytest.raises(ValueError, match=r"^row of shape \(2,\), expected \(1,\)$"):
         acc.add([1.0, 2.0])
 

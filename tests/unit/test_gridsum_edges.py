@@ -170,7 +170,14 @@ def test_the_checkpointed_grid_is_int16_blocks_whatever_it_is_given():
     assert g.history.dtype == np.int16 and g.history.tolist() == [1030, 1031, 1032, 1033]
 
 
-def test_short_rows_use_numpy_and_long_rows_the_compiled_kernels():
+def test_a_fresh_sum_has_counted_nothing_and_holds_an_int16_grid():
+    g = GridSum(64)
+    assert g.count == 0
+    assert g.state()[0].get().dtype == np.int16 and g.state()[0].get().tolist() == [0, 0, 0, 0]
+
+
+def test_short_rows_use_numpy_and_long_rows_the_compiled_kernels(monkeypatch):
+    monkeypatch.setattr(gridsum, "_KERNEL", [])       # choose afresh, not from an earlier test's cache
     numpy_pair = (gridsum._deposit_numpy, gridsum._convert_numpy)
     assert gridsum.kernels(COMPILED_FROM - 1) == numpy_pair
     assert GridSum(10)._deposit is gridsum._deposit_numpy

@@ -185,3 +185,40 @@ def test_a_nan_in_the_last_block_is_named_by_its_element():
     acc.add(row)
     with pytest.raises(FloatingPointError, match=r"\(element 63\)"):
         acc.reduce(MPI.COMM_SELF, 1)
+
+
+def test_the_device_form_counts_and_refuses_a_commit_before_reset():
+    acc = TorchGridSum(4, device="cpu")
+    with pytest.raises(RuntimeError, match=r"^GridSum.reset\(total\) must start the round$"):
+        acc.add([1.0, 2.0, 3.0, 4.0])
+    acc.reset(2)
+    acc.add([1.0, 2.0, 3.0, 4.0])
+    acc.add([1.0, 2.0, 3.0, 4.0])
+    assert acc.count == 2
+
+
+def test_the_float_device_sum_keeps_float64_from_a_list():
+    acc = TorchFloatSum(2, "cpu")
+    acc.add([0.1, 0.2])                                   # torch's default would be float32
+    assert acc.reduce(MPI.COMM_SELF, 1).tolist() == [0.1, 0.2]
+
+
+def test_blocks_of_16_and_a_shorter_last_one_on_the_device():
+    # one segment of 100: six blocks of 16 and one of 4 (the block maxima come in runs of equal sizes)
+    rng = np.random.default_rng(9)
+    row = rng.standard_normal(100) * 10.0 ** rng.integers(-6, 6, 100)
+    host, dev = GridSum(100), TorchGridSum(100, device="cpu")
+    for acc in (host, dev):
+        acc.reset(1)
+        acc.add(row)
+    assert dev.reduce(MPI.COMM_SELF, 1).numpy().tobytes() == host.reduce(MPI.COMM_SELF, 1).tobytes()
+    assert dev.history.tolist() == host.history.tolist() and len(host.history) == 7
+
+
+def test_exact_float_keeps_a_sticky_bit_from_the_hi_limb():
+    from hpcfl.parallel.gridsum_torch import exact_float
+
+    # S = 20: N = top 2**43 (2**83) + hi 1025 (2**30 + 2**20) + lo 0. float64 keeps bits 83..31 of N, bit 30
+    # is a tie, bit 20 (dropped from hi, lo is zero) breaks it upwards: 2**83 + 2**31
+    got = exact_float(torch.tensor([0]), torch.tensor([1025]), torch.tensor([2 ** 43]), 20)
+    assert got.tolist() == [float(2 ** 83 + 2 ** 30 + 2 ** 20)] == [2.0 ** 83 + 2.0 ** 31]
