@@ -8,9 +8,11 @@ TORCH ?= torch==2.13.0
 # site's MPI is not shadowed (README: "On a cluster").
 EXTRAS ?= test,mpich
 MPIEXEC ?= mpiexec
+# mutation testing's scope (tools/mutation.py --list): parallel, io, engine, data, algorithms, or all
+SCOPE ?= parallel
 PYTEST_MPI = $(PY) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: install quickstart test test-unit test-mpi bench
+.PHONY: install quickstart test test-unit test-mpi bench mutation
 
 install:
 	$(if $(strip $(TORCH)),$(PY) -m pip install -q $(TORCH))
@@ -32,3 +34,8 @@ test-mpi:
 
 bench:
 	$(PY) bench/reduce_bench.py
+
+# Mutation testing (docs/testing.md): mutmut on one scope's modules with its unit tests, in a scratch
+# copy; prints the score per module and each surviving mutant's diff. Not part of `make test`.
+mutation:
+	$(PY) tools/mutation.py $(SCOPE)
