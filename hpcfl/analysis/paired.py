@@ -43,9 +43,9 @@ def _by_seed(group) -> dict:
     return out
 
 
-def paired(group, base, stat: str, kind: str) -> Paired | None:
-    """``group`` minus ``base`` in ``stat`` over their common seeds; None when they share none."""
-    mine, theirs = _by_seed(group), _by_seed(base)
+def paired(mine: dict, theirs: dict, stat: str, kind: str) -> Paired | None:
+    """A group minus the baseline in ``stat`` over their common seeds; None when they share none.
+    ``mine`` and ``theirs`` are the two groups' runs by seed (:func:`_by_seed`)."""
     seeds = tuple(s for s in mine if s in theirs)
     if not seeds:
         return None
@@ -63,8 +63,8 @@ def apply_paired(groups: list, base, kind: str) -> list[str]:
     for g in groups:
         if g is base:
             continue
-        g.paired = {stat: paired(g, base, stat, kind) for stat in PAIRED_STATS}
         mine = _by_seed(g)
+        g.paired = {stat: paired(mine, theirs, stat, kind) for stat in PAIRED_STATS}
         only_g = [s for s in mine if s not in theirs]
         only_b = [s for s in theirs if s not in mine]
         if only_g or only_b:
