@@ -128,7 +128,9 @@ def mutmut_section(globs: list[str], tests: list[str]) -> str:
     lines += [f"    {g}" for g in globs]
     lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
     # -x is mutmut's own; no cache folder written in the copy by the hundreds of runs
-    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider"]
+    # and no timing test: a ratio of measured times says nothing about a mutant and flakes under
+    # the load of hundreds of runs (setup.cfg's `timing` marker)
+    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -m", "    not timing"]
     # the copy is no git checkout: no change detection from git history
     lines += ["use_git_change_detection = false"]
     # mutmut runs the tests inside mutants/, which holds only source_paths and also_copy: tests that
