@@ -118,7 +118,7 @@ def copy_tree(dest: Path) -> None:
 
 
 # folders beside hpcfl/ that tests read (mutmut copies tests/, setup.cfg and the sources itself)
-ALSO_COPY = ["jobs/", "slurm/", "bench/", "tools/"]
+ALSO_COPY = ["jobs/", "slurm/", "bench/", "tools/", "docs/", "README.md", "Makefile"]
 
 
 def mutmut_section(globs: list[str], tests: list[str]) -> str:
