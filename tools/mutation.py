@@ -121,6 +121,9 @@ def copy_tree(dest: Path) -> None:
 ALSO_COPY = ["jobs/", "slurm/", "bench/", "tools/", "docs/", "README.md", "Makefile"]
 
 
+DESELECT = "not timing and not source_scan"
+
+
 def mutmut_section(globs: list[str], tests: list[str]) -> str:
     """setup.cfg's ``[mutmut]`` for one scope: the whole package is copied (imports between modules),
     only the scope's modules are mutated, only its test files run. The keys are mutmut 3.8's."""
@@ -128,9 +131,10 @@ def mutmut_section(globs: list[str], tests: list[str]) -> str:
     lines += [f"    {g}" for g in globs]
     lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
     # -x is mutmut's own; no cache folder written in the copy by the hundreds of runs
-    # and no timing test: a ratio of measured times says nothing about a mutant and flakes under
-    # the load of hundreds of runs (setup.cfg's `timing` marker)
-    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -m", "    not timing"]
+    # and no timing test (a ratio of measured times says nothing about a mutant and flakes under the
+    # load of hundreds of runs) nor a scan of the source text (mutmut's copy holds every mutant's
+    # strings): setup.cfg's `timing` and `source_scan` markers
+    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -m", f"    {DESELECT}"]
     # the copy is no git checkout: no change detection from git history
     lines += ["use_git_change_detection = false"]
     # mutmut runs the tests inside mutants/, which holds only source_paths and also_copy: tests that

@@ -34,7 +34,7 @@ def test_setup_cfg_holds_the_parallel_scope_as_the_driver_writes_it():
     assert ours == _mutmut_view(mutation.mutmut_section(*mutation.SCOPES["parallel"]))
     assert ours["source_paths"] == ["hpcfl/"]
     # one argv item per line; "not timing" is one item (a marker expression with a space)
-    assert ours["pytest_add_cli_args"] == ["-p", "no:cacheprovider", "-m", "not timing"]
+    assert ours["pytest_add_cli_args"] == ["-p", "no:cacheprovider", "-m", "not timing and not source_scan"]
     assert ours["also_copy"] == mutation.ALSO_COPY and "jobs/" in ours["also_copy"]   # tests read shipped jobs
     # no deprecated 3.x names (paths_to_mutate, tests_dir), no MPI tests
     assert not {"paths_to_mutate", "tests_dir"} & set(ours)
