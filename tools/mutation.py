@@ -56,7 +56,7 @@ SCOPES = {
            ["tests/unit/test_checkpoint.py", "tests/unit/test_checkpoint_durability.py",
             "tests/unit/test_checkpoint_held.py", "tests/unit/test_ckpt_stream.py",
             "tests/unit/test_results_file.py", "tests/unit/test_results_hostile.py",
-            "tests/unit/test_rundir.py", "tests/unit/test_resume_check.py", "tests/unit/test_api.py",
+            "tests/unit/test_rundir.py", "tests/unit/test_resume_check.py",
             "tests/unit/test_results_resume_copy.py", "tests/unit/test_results_reader.py",
             "tests/unit/test_export.py"]),
     # the issue's list: resume, run control, the watchdog, placement (the round loop itself is
@@ -238,6 +238,24 @@ def _line(module: str, r: dict) -> str:
             f"| {r['other']} | {score:.1f}% |")
 
 
+def report(work: Path, diffs: bool, label: str) -> dict[str, dict]:
+    """Print :func:`tally`'s table of the copy ``work`` and each survivor (with its diff)."""
+    rows = tally(work)
+    print(table(rows))
+    shown = survivor_diffs(work, rows) if diffs else {}
+    for module, r in rows.items():
+        for survivor in r["survivors"]:
+            print(f"\n-- survived: {survivor}")
+            if diffs:
+                print(shown.get(survivor.split(" ")[0], "").rstrip())
+    if rows and not any(r["killed"] + r["survived"] + r["timeout"] for r in rows.values()):
+        # mutmut's first, unmutated run failed ("failed to collect stats"): no mutant was tried,
+        # and a table of zeros must not pass for a score
+        sys.exit(f"tools/mutation.py: {label}: no mutant was run; the tests fail on the unmutated "
+                 f"code in the copy (see pytest's output above); fix that first. Copy: {work}")
+    return rows
+
+
 def run_scope(name: str, keep: bool, diffs: bool, workdir: Path | None) -> None:
     globs, tests = SCOPES[name]
     mutmut_exe()
@@ -248,19 +266,7 @@ def run_scope(name: str, keep: bool, diffs: bool, workdir: Path | None) -> None:
     t0 = time.perf_counter()
     mutmut(work, "run")
     print(f"\n== scope {name}: {time.perf_counter() - t0:.0f} s\n")
-    rows = tally(work)
-    print(table(rows))
-    if rows and not any(r["killed"] + r["survived"] + r["timeout"] for r in rows.values()):
-        # mutmut's first, unmutated run failed ("failed to collect stats"): no mutant was tried,
-        # and a table of zeros must not pass for a score
-        sys.exit(f"tools/mutation.py: scope {name}: no mutant was run; the tests fail on the unmutated "
-                 f"code in the copy (see pytest's output above); fix that first. Copy: {work}")
-    shown = survivor_diffs(work, rows) if diffs else {}
-    for module, r in rows.items():
-        for survivor in r["survivors"]:
-            print(f"\n-- survived: {survivor}")
-            if diffs:
-                print(shown.get(survivor.split(" ")[0], "").rstrip())
+    report(work, diffs, f"scope {name}")
     if keep:
         print(f"\nscratch copy kept: {work} (cd there, then `mutmut show NAME` / `mutmut run NAME`)")
     else:
@@ -274,7 +280,15 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
     ap.add_argument("--no-diffs", action="store_true", help="list the survivors without their diffs")
     ap.add_argument("--workdir", type=Path, help="where the scratch copy goes (default: the system's temp folder)")
+    ap.add_argument("--report", type=Path, metavar="COPY",
+                    help="print the table and survivors of a kept copy as it stands (after `mutmut run NAME ...` "
+                         "there, say) and exit")
     args = ap.parse_args(argv)
+    if args.report:
+        if not (args.report / "mutants").is_dir():
+            ap.error(f"--report {args.report}: not a kept copy (no mutants/ folder in it)")
+        report(args.report, not args.no_diffs, str(args.report))
+        return 0
     if args.list:
         for name, (globs, tests) in SCOPES.items():
             print(f"{name}:\n  mutate {' '.join(globs)}\n  tests  {' '.join(tests)}")
