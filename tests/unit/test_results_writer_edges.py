@@ -200,6 +200,8 @@ def test_a_full_disk_at_the_last_write_names_what_and_how_much(tmp_path, monkeyp
             w.mark_diverged(2)
     assert seen["what"] == what and seen["need"] == results_h5._with_margin(size + extra)
     assert not (tmp_path / "results.h5.final").exists()
+    assert w.file is None
+    w.close()                                               # closing after the failure is a no-op
     assert load(tmp_path).metrics["round"].tolist() == [1]   # the file as it was
 
 
@@ -254,3 +256,106 @@ def test_configure_sets_locking_for_the_writer_and_the_reader(tmp_path, monkeypa
     seen.clear()
     results_h5._open(tmp_path / "x.h5", "r")
     assert seen == {} and reader.LOCKING["locking"] is True
+
+
+# ---- the rows of a round ---------------------------------------------------------------------------
+
+def test_a_round_missing_a_metric_or_a_client_field_is_refused_naming_both(tmp_path):
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS)
+    m, c = row(1)
+    del m["train_loss"]
+    with pytest.raises(KeyError, match=r"round records missing \['train_loss'\]"):
+        w.append_round(m, c)
+    m, c = row(1)
+    del m["test_loss"], c["steps"]
+    with pytest.raises(KeyError, match=r"round records missing \['steps', 'test_loss'\]"):
+        w.append_round(m, c)
+
+
+def test_client_rows_are_flat_copies_taken_when_the_round_is_added(tmp_path):
+    """Column vectors are flattened, and a caller reusing its arrays before the write changes nothing."""
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS, batch_rows=100, batch_seconds=3600)
+    m, c = row(1)
+    c = {k: np.asarray(v).reshape(-1, 1) for k, v in c.items()}   # (2, 1) each
+    w.append_round(m, c)
+    for v in c.values():
+        v[...] = 99                                                # reused before the batch is written
+    w.append_round(*row(2))
+    w.close()
+    res = load(tmp_path)
+    assert res.clients["client"].tolist() == [1, 4, 1, 4] and res.clients["steps"].tolist() == [1, 1, 2, 2]
+
+
+# ---- per-client summaries and controller events at the end ----------------------------------------
+
+def test_the_final_write_stores_each_clients_summary_over_rounds_with_its_unit(tmp_path):
+    score = {"score": Field(np.float64, "1", "a per-client score", summary="median")}
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((5, 3), dtype=np.int64), client_fields=score)
+    for r, (clients, scores) in enumerate([((1, 4), (1.0, 7.0)), ((1, 2), (3.0, 5.0)), ((1, 4), (8.0, 9.0))], 1):
+        m, c = row(r, clients)
+        w.append_round(m, {**c, "score": np.array(scores)})
+    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.close()
+    with h5py.File(tmp_path / "results.h5", "r") as f:
+        ds = f["clients_summary/score_median"]
+        assert ds.shape == (5,)                                  # one per client of the partition
+        assert np.array_equal(ds[()], [np.nan, 3.0, 5.0, np.nan, 8.0], equal_nan=True)
+        assert ds.attrs["unit"] == "1" and ds.attrs["description"] == "median over rounds of: a per-client score"
+        assert list(f["clients_summary"]) == ["score_median"]     # fields without a summary get none
+
+
+def test_the_final_write_rebuilds_the_controller_events_from_the_tau_columns(tmp_path):
+    from hpcfl.algorithms.gift import TAU_FIELDS
+
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS, metric_fields=TAU_FIELDS)
+    taus = [(8, 8, 0), (8, 4, 1), (4, 4, 0), (4, 2, 3)]   # (tau_used, tau_next, tau_event) per round
+    for r, (used, nxt, event) in enumerate(taus, 1):
+        m, c = row(r)
+        m.update({k: 0 for k in TAU_FIELDS}, tau_used=used, tau_next=nxt, tau_event=event)
+        w.append_round(m, c)
+    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.close()
+    res = load(tmp_path)
+    assert res.events.tolist() == [(2, 8, 4, b"stagnation"), (4, 4, 2, b"literal")]
+    with h5py.File(tmp_path / "results.h5", "r") as f:
+        assert f["controller_events"].attrs["unit"] == "round, steps, steps, name"
+        assert f["controller_events"].attrs["description"].startswith("changes of tau: (round, old_tau, new_tau")
+    _run(tmp_path / "plain.h5", 1)
+    w = ResultsWriter(tmp_path / "p.h5", ATTRS, COUNTS)   # no tau columns: no table
+    w.append_round(*row(1))
+    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.close()
+    with h5py.File(tmp_path / "p.h5", "r") as f:
+        assert "controller_events" not in f
+
+
+# ---- the run's folder moved or its file deleted before the last write -------------------------------
+
+def test_the_last_write_follows_a_moved_folder_and_refuses_a_deleted_file(tmp_path):
+    (tmp_path / "a").mkdir()
+    w = ResultsWriter(tmp_path / "a" / "results.h5", ATTRS, COUNTS)
+    w.append_round(*row(1))
+    (tmp_path / "a").rename(tmp_path / "b")                     # --out moved mid-run
+    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.close()
+    assert w.moved_from == tmp_path / "a" / "results.h5" and w.path == tmp_path / "b" / "results.h5"
+    assert not (tmp_path / "a").exists() and sorted(p.name for p in (tmp_path / "b").iterdir()) == ["results.h5"]
+    assert load(tmp_path / "b").attrs["status"] == "finished"
+
+    w = ResultsWriter(tmp_path / "c.h5", ATTRS, COUNTS)
+    w.append_round(*row(1))
+    (tmp_path / "c.h5").unlink()
+    with pytest.raises(HpcflError, match=rf"^{tmp_path / 'c.h5'} was deleted while the run was writing it: the "
+                                         r"rounds written there are lost, and the checkpoints are not \(pass "
+                                         r"--force to start over, or restore the file and run the same command "
+                                         r"again\)$"):
+        w.mark_diverged(1)
+    assert w.moved_from is None
+
+
+def test_an_unmoved_file_keeps_its_path(tmp_path):
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS)
+    w.append_round(*row(1))
+    w.mark_diverged(1)
+    w.close()
+    assert w.moved_from is None and w.path == tmp_path / "results.h5" and w.file is None
