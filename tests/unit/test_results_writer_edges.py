@@ -8,8 +8,11 @@ evaluation rows of the checkpointed round itself are kept (the resumed run does 
 round again), the attempt's own attributes replace the old ones one by one, and the status goes back
 to "running"."""
 
+import calendar
 import errno
 import json
+import re
+import time
 
 import h5py
 import numpy as np
@@ -359,3 +362,88 @@ def test_an_unmoved_file_keeps_its_path(tmp_path):
     w.mark_diverged(1)
     w.close()
     assert w.moved_from is None and w.path == tmp_path / "results.h5" and w.file is None
+
+
+# ---- the helpers under the writer ------------------------------------------------------------------
+
+def test_the_space_a_copy_needs_is_the_size_plus_two_percent_and_at_least_64_kib():
+    assert results_h5._with_margin(0) == 64 << 10
+    assert results_h5._with_margin(1000) == 1000 + (64 << 10)
+    assert results_h5._with_margin(10_000_000) == 10_000_000 + 200_000
+
+
+def test_append_flattens_and_casts_to_the_datasets_dtype(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        ds = f.create_dataset("x", shape=(1,), maxshape=(None,), dtype=np.int64)
+        results_h5._append(ds, np.array([[2.0], [3.0]]))            # a column of floats
+        assert ds[()].tolist() == [0, 2, 3] and ds.dtype == np.int64
+
+
+def test_a_segment_without_the_attempts_attributes_records_empty_json_and_utc_time(tmp_path, monkeypatch):
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")                  # UTC+14: local time is another date
+    time.tzset()
+    try:
+        with h5py.File(tmp_path / "s.h5", "w") as f:
+            results_h5._segments(f, [], {}, 5)
+            g = f["segments"]
+            seg = {k: g[k][()][0] for k in g}
+        assert seg["start_round"] == 5 and seg["world_size"] == 0
+        assert seg["devices"] == b"[]" and seg["versions"] == b"{}"
+        started = seg["started"].decode()
+        # UTC, not the local time (14 hours ahead here), in ISO form with a Z
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", started), started
+        assert abs(calendar.timegm(time.strptime(started, "%Y-%m-%dT%H:%M:%SZ")) - time.time()) < 120
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_a_resume_of_an_old_file_with_other_client_eval_dtypes_writes_the_declared_ones(tmp_path):
+    path = tmp_path / "results.h5"
+    _run(path, 2, client_eval=True)
+    with h5py.File(path, "r+") as f:                                  # an older writer's float32 accuracy
+        acc = f["client_eval/accuracy"][()].astype(np.float32)
+        del f["client_eval/accuracy"]
+        f["client_eval"].create_dataset("accuracy", data=acc, maxshape=(None,), chunks=(CHUNK,))
+    ResultsWriter(path, ATTRS, None, resume_at=2, client_eval=True).close()
+    with h5py.File(path, "r") as f:
+        assert f["client_eval/accuracy"].dtype == np.float64
+
+
+def test_a_failed_last_write_closes_the_copy_and_leaves_the_writer_closed(tmp_path, monkeypatch):
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS)
+    w.append_round(*row(1))
+
+    def fail():
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(w, "_commit_normal_mode", fail)
+    with pytest.raises(HpcflError, match=r"^cannot write the diverged status \(.*results\.h5\.final\): "):
+        w.mark_diverged(1)
+    assert w.file is None and not (tmp_path / "results.h5.final").exists()
+    w.close()
+    assert load(tmp_path).attrs["status"] == "running"
+
+
+def test_a_moved_runs_last_write_copies_beside_the_file_where_it_is_now(tmp_path):
+    (tmp_path / "a").mkdir()
+    w = ResultsWriter(tmp_path / "a" / "results.h5", ATTRS, COUNTS)
+    w.append_round(*row(1))
+    (tmp_path / "a").rename(tmp_path / "b")
+    w.mark_diverged(1)
+    assert w._final == tmp_path / "b" / "results.h5.final"
+    w.close()
+
+
+def test_the_controller_events_describe_every_reason(tmp_path):
+    from hpcfl.algorithms.gift import TAU_FIELDS
+
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS, metric_fields=TAU_FIELDS)
+    m, c = row(1)
+    w.append_round({**m, **{k: 0 for k in TAU_FIELDS}, "tau_used": 4, "tau_next": 2, "tau_event": 6}, c)
+    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.close()
+    with h5py.File(tmp_path / "results.h5", "r") as f:
+        assert f["controller_events"].attrs["description"] == (
+            "changes of tau: (round, old_tau, new_tau, reason), reason in stagnation, relax, literal, "
+            "adacomm, saturation, afl; the new tau is used from round + 1")
+        assert f["controller_events"][()].tolist() == [(1, 4, 2, b"afl")]
