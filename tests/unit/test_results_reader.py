@@ -252,3 +252,68 @@ def test_a_copy_of_the_file_elsewhere_is_read_from_its_own_path(good, tmp_path):
     shutil.copyfile(good, other)
     res = load(other.parent)
     assert res.source == other
+
+
+# ---- the rest of a loaded file ---------------------------------------------------------------------------
+
+def test_units_class_counts_and_per_client_summaries_read_back(tmp_path):
+    from hpcfl.state import Field
+
+    counts = np.arange(15, dtype=np.int64).reshape(5, 3)
+    score = {"score": Field(np.float64, "1", "a per-client score", summary="mean")}
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, counts, client_fields=score)
+    for r in (1, 2):
+        m, c = row(r)
+        w.append_round(m, {**c, "score": np.array([r, 2.0 * r])})
+    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.close()
+    res = load(tmp_path)
+    assert res.class_counts.tolist() == counts.tolist()
+    assert res.units["metrics"]["train_loss"] == "loss" and res.units["clients"]["steps"] == "steps"
+    assert list(res.summaries) == ["score_mean"]
+    assert np.array_equal(res.summaries["score_mean"], [np.nan, 1.5, np.nan, np.nan, 3.0], equal_nan=True)
+    assert isinstance(res.clients, dict) and not isinstance(res.clients, reader.Columns)   # not lazy: arrays
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda f, t: f["clients_summary"].create_group("bad"), "is not a dataset"),
+    (lambda f, t: f["clients_summary"].create_dataset("bad", data=np.array(["a"], dtype=h5py.string_dtype())),
+     "expected floats"),
+    (lambda f, t: (f.__delitem__("partition"), f.create_dataset("partition", data=np.zeros(2))), "is not a group"),
+    (lambda f, t: (f["partition"].__delitem__("class_counts"),
+                   f["partition"].create_dataset("class_counts", data=np.zeros((2, 3)))), "expected integers"),
+], ids=["summary_group", "summary_strings", "partition_dataset", "counts_floats"])
+def test_bad_summaries_and_counts_are_refused_naming_the_file(tmp_path, edit, words):
+    from hpcfl.state import Field
+
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((5, 3), dtype=np.int64),
+                      client_fields={"s": Field(np.float64, "1", "s", summary="median")})
+    m, c = row(1)
+    w.append_round(m, {**c, "s": np.zeros(2)})
+    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.close()
+    path = crafted(tmp_path / "results.h5", tmp_path, "bad", edit)
+    with pytest.raises(h5check.BadFile) as info:
+        load(path)
+    assert str(info.value).startswith(str(path)) and words in str(info.value), str(info.value)
+
+
+def test_an_old_file_reads_its_client_rounds_from_1_even_when_asked_lazily(tmp_path):
+    from test_results_file import _schema1_file
+
+    _schema1_file(tmp_path / "results.h5", 2)               # rows of rounds 0, 1
+    for lazy in (False, True):
+        res = load(tmp_path, lazy=lazy)
+        assert isinstance(res.clients, dict)                 # converted: read at once
+        assert res.clients["round"].tolist() == [1, 1, 2, 2] and res.metrics["round"].tolist() == [1, 2]
+
+
+def test_to_pandas_names_the_tables_it_has(good):
+    with pytest.raises(HpcflError, match=r"^table 'nope': choose one of metrics, clients, client_eval$"):
+        load(good).to_pandas("nope")
+
+
+def test_a_lazy_column_that_is_not_there_is_a_key_error_naming_it(good):
+    with pytest.raises(KeyError, match="nothing"):
+        load(good, lazy=True).clients["nothing"]
+    assert list(load(good, lazy=True).clients) == list(load(good).clients)
