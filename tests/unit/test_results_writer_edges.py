@@ -369,7 +369,8 @@ def test_an_unmoved_file_keeps_its_path(tmp_path):
 def test_the_space_a_copy_needs_is_the_size_plus_two_percent_and_at_least_64_kib():
     assert results_h5._with_margin(0) == 64 << 10
     assert results_h5._with_margin(1000) == 1000 + (64 << 10)
-    assert results_h5._with_margin(10_000_000) == 10_000_000 + 200_000
+    assert results_h5._with_margin(10_000_049) == 10_000_049 + 200_000           # whole bytes: floor of 2 %
+    assert type(results_h5._with_margin(10_000_049)) is int
 
 
 def test_append_flattens_and_casts_to_the_datasets_dtype(tmp_path):
@@ -389,6 +390,10 @@ def test_a_segment_without_the_attempts_attributes_records_empty_json_and_utc_ti
             seg = {k: g[k][()][0] for k in g}
         assert seg["start_round"] == 5 and seg["world_size"] == 0
         assert seg["devices"] == b"[]" and seg["versions"] == b"{}"
+        with h5py.File(tmp_path / "t.h5", "w") as f:
+            results_h5._segments(f, [], {"world_size": 3, "devices": ["cpu"] * 3, "versions": {"hpcfl": "9"}}, 1)
+            assert f["segments/versions"][0] == b'{"hpcfl": "9"}' and f["segments/world_size"][0] == 3
+            assert f["segments/devices"][0] == b'["cpu", "cpu", "cpu"]'
         started = seg["started"].decode()
         # UTC, not the local time (14 hours ahead here), in ISO form with a Z
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z", started), started
