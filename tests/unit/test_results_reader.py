@@ -176,6 +176,8 @@ FINAL = {   # name: (edit, the message after the path)
     "shapes_not_list": (_final_attr("shapes", '{"a": 1}'), "shapes attribute does not list one shape"),
     "one_shape_short": (_final_attr("shapes", "[[2, 2]]"), "shapes attribute does not list one shape"),
     "sizes_differ": (_final_attr("shapes", "[[2, 2], [4]]"), "/final/params has 7 values"),
+    # 2**62 * 4 wraps to 0 in int64: counted in float64, the shapes cannot pass for 7 values
+    "overflowing_shape": (_final_attr("shapes", f"[[{2**62}, 4], [7]]"), "/final/params has 7 values"),
     "no_prefix": (_final_set("param_names", np.array(["param:w", "b"], dtype=h5py.string_dtype())),
                   "/final/param_names holds names without"),
     "params_strings": (_final_set("params", np.array(["a"] * 7, dtype=h5py.string_dtype())), "expected floats"),
@@ -311,6 +313,9 @@ def test_an_old_file_reads_its_client_rounds_from_1_even_when_asked_lazily(tmp_p
 def test_to_pandas_names_the_tables_it_has(good):
     with pytest.raises(HpcflError, match=r"^table 'nope': choose one of metrics, clients, client_eval$"):
         load(good).to_pandas("nope")
+    with pytest.raises(HpcflError, match=rf"^{good}: has no /client_eval \(per-client evaluation is "
+                                         rf"run\.eval_clients\)$"):
+        load(good).to_pandas("client_eval")
 
 
 def test_a_lazy_column_that_is_not_there_is_a_key_error_naming_it(good):
