@@ -108,7 +108,10 @@ class ResultsWriter(FinalWrites):
             return safefs.DiskFull(safefs.full_message(what, self.path, need, fix, reason))
         if isinstance(exc, HpcflError):
             return exc
-        return HpcflError(f"cannot write {what} ({path}): {str(exc).splitlines()[0] if str(exc) else exc!r}. {fix}")
+        # the error's first line; its repr when it has no text (`!r` inside the conditional applied to
+        # both branches and quoted every message)
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        return HpcflError(f"cannot write {what} ({path}): {first}. {fix}")
 
     @h5check.quiet
     def _reopen(self, rounds_done: int, attrs: dict) -> None:

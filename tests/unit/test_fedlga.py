@@ -337,6 +337,7 @@ json.dump(best, sys.stdout)
 """
 
 
+@pytest.mark.timing
 def test_A7_correction_is_linear_in_time():
     """Five slow clients corrected at n = 1e5, 1e6, 1e7 (best of 3), both hessian modes: each 10x step in n
     costs <= 20x the time (an n x n operator would cost 100x).

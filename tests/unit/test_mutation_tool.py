@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import mutation  # noqa: E402
@@ -33,7 +35,9 @@ def test_setup_cfg_holds_the_parallel_scope_as_the_driver_writes_it():
     ours = _mutmut_view((ROOT / "setup.cfg").read_text())
     assert ours == _mutmut_view(mutation.mutmut_section(*mutation.SCOPES["parallel"]))
     assert ours["source_paths"] == ["hpcfl/"]
-    assert ours["pytest_add_cli_args"] == ["-p", "no:cacheprovider"]   # one argv item per line
+    # one argv item per line; "not timing" is one item (a marker expression with a space)
+    assert ours["pytest_add_cli_args"] == ["-p", "no:cacheprovider", "-m", "not timing and not source_scan"]
+    assert ours["also_copy"] == mutation.ALSO_COPY and "jobs/" in ours["also_copy"]   # tests read shipped jobs
     # no deprecated 3.x names (paths_to_mutate, tests_dir), no MPI tests
     assert not {"paths_to_mutate", "tests_dir"} & set(ours)
     assert all(t.startswith("tests/unit/") for t in ours["pytest_add_cli_args_test_selection"])
@@ -62,3 +66,19 @@ def test_tally_counts_mutmuts_exit_codes_and_the_score(tmp_path):
     assert r["survivors"] == ["hpcfl.m.x_f__mutmut_9", "hpcfl.m.x_f__mutmut_10", "hpcfl.m.x_g__mutmut_1 (exit 33)"]
     # score = (killed + timeout) / mutants = 3/6
     assert mutation.table(rows).splitlines()[-1] == "| hpcfl/m.py | 6 | 2 | 2 | 1 | 1 | 50.0% |"
+
+
+def test_report_prints_a_kept_copys_table_and_refuses_a_run_that_ran_nothing(tmp_path, capsys):
+    meta = tmp_path / "mutants" / "hpcfl" / "m.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {"hpcfl.m.x_f__mutmut_1": 1, "hpcfl.m.x_f__mutmut_2": 0}}))
+    assert mutation.main(["--report", str(tmp_path), "--no-diffs"]) == 0
+    out = capsys.readouterr().out
+    assert "| hpcfl/m.py | 2 | 1 | 1 | 0 | 0 | 50.0% |" in out and "-- survived: hpcfl.m.x_f__mutmut_2" in out
+    # every mutant "other": the unmutated run failed, and zeros are no score
+    meta.write_text(json.dumps({"exit_code_by_key": {"hpcfl.m.x_f__mutmut_1": 33, "hpcfl.m.x_f__mutmut_2": None}}))
+    with pytest.raises(SystemExit, match="no mutant was run; the tests fail on the unmutated code"):
+        mutation.main(["--report", str(tmp_path), "--no-diffs"])
+    with pytest.raises(SystemExit):
+        mutation.main(["--report", str(tmp_path / "nothing")])
+    assert "not a kept copy (no mutants/ folder in it)" in capsys.readouterr().err

@@ -92,6 +92,7 @@ def variables_in_guide() -> set[str]:
     return {name for cell in cells for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", cell)}
 
 
+@pytest.mark.source_scan
 def test_every_environment_variable_hpcfl_reads_is_listed_in_the_guide():
     code, guide = variables_in_code(), variables_in_guide()
     assert "HPCFL_FAULT" in code and "SLURM_STEP_NUM_TASKS" in code   # the scan finds them
