@@ -1,15 +1,14 @@
-"""What a resume copies into the rebuilt results.h5, what the last writes leave, and the messages of
-a failed write (hpcfl/io/results.py, results_h5.py, results_final.py).
+"""What a resume copies into the rebuilt results.h5, the rows of a round, and the HDF5 helpers under
+the writer (hpcfl/io/results.py, results_h5.py).
 
 A resume rebuilds the file from the rows it keeps (:meth:`ResultsWriter._reopen`): every kept column
 must stay appendable in the same chunks, keep its unit and description, and a column the old file
 lacks is filled with "unknown" (NaN, or 0 for integers), not with made-up values. The per-client
 evaluation rows of the checkpointed round itself are kept (the resumed run does not evaluate that
 round again), the attempt's own attributes replace the old ones one by one, and the status goes back
-to "running"."""
+to "running". The last writes and a failed write's messages: test_results_last_writes.py."""
 
 import calendar
-import errno
 import json
 import re
 import time
@@ -18,8 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcfl.errors import HpcflError
-from hpcfl.io import reader, results_h5
+from hpcfl.io import results_h5
 from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter, load
 from hpcfl.io.schema import CHUNK, CLIENT_EVAL
 from hpcfl.state import Field
@@ -39,7 +37,6 @@ def _run(path, rounds, client_eval=False, **kw):
 
 def _assert_appendable(ds):
     assert ds.maxshape == (None,) and ds.chunks == (CHUNK,), (ds.name, ds.maxshape, ds.chunks)
-
 
 # ---- the rows and columns a resume keeps ---------------------------------------------------------
 
@@ -156,111 +153,6 @@ def test_a_resume_of_a_finished_file_is_running_again(tmp_path):
         assert f.attrs["status"] == "running"
 
 
-# ---- the last writes --------------------------------------------------------------------------------
-
-def test_the_final_model_is_described_and_diverged_runs_say_where(tmp_path):
-    path = tmp_path / "results.h5"
-    w = ResultsWriter(path, ATTRS, COUNTS)
-    w.append_round(*row(1))
-    w.write_final(np.arange(3, dtype=np.float32), ["param:a", "buffer:b"], [(2,), (1,)])
-    w.close()
-    with h5py.File(path, "r") as f:
-        p, n = f["final/params"], f["final/param_names"]
-        assert p.attrs["unit"] == "1"
-        assert p.attrs["description"] == "final flat model: parameters, then float buffers, in the order of param_names"
-        assert n.attrs["unit"] == "name"
-        assert n.attrs["description"] == '"param:<module path>" or "buffer:<module path>" of each entry of params'
-    d = tmp_path / "d.h5"
-    w = ResultsWriter(d, ATTRS, COUNTS)
-    w.append_round(*row(1))
-    w.mark_diverged(4)
-    w.close()
-    with h5py.File(d, "r") as f:
-        assert f.attrs["status"] == "diverged"
-        assert bool(f.attrs["diverged"]) and int(f.attrs["diverged_round"]) == 4
-
-
-@pytest.mark.parametrize("call, what, extra", [
-    ("final", "the final results", 3 * 4 + 64 * 2),   # the params' bytes and 64 a name
-    ("diverged", "the diverged status", 0)])
-def test_a_full_disk_at_the_last_write_names_what_and_how_much(tmp_path, monkeypatch, call, what, extra):
-    path = tmp_path / "results.h5"
-    w = ResultsWriter(path, ATTRS, COUNTS)
-    w.append_round(*row(1))
-    seen = {}
-
-    def need_space(p, need, what_, fix):
-        seen.update(need=need, what=what_)
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr("hpcfl.io.results_final.safefs.need_space", need_space)
-    size = path.stat().st_size
-    message = rf"^cannot write {what} to .*results\.h5 \(No space left on device\): .* it needs about"
-    with pytest.raises(HpcflError, match=message):
-        if call == "final":
-            w.write_final(np.zeros(3, dtype=np.float32), ["param:a", "param:b"], [(2,), (1,)])
-        else:
-            w.mark_diverged(2)
-    assert seen["what"] == what and seen["need"] == results_h5._with_margin(size + extra)
-    assert not (tmp_path / "results.h5.final").exists()
-    assert w.file is None
-    w.close()                                               # closing after the failure is a no-op
-    assert load(tmp_path).metrics["round"].tolist() == [1]   # the file as it was
-
-
-# ---- the messages of a failed write -----------------------------------------------------------------
-
-def _writer(tmp_path):
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS)
-    w.close()
-    return w
-
-
-def test_a_full_disk_reason_is_the_errnos_text_or_the_first_line_of_an_hdf5_message(tmp_path):
-    w = _writer(tmp_path)
-    e = w._error("the rows", tmp_path / "x", OSError(errno.ENOSPC, "ignored text"), 12345)
-    assert str(e).startswith(f"cannot write the rows to {w.path} (No space left on device): ")
-    assert "it needs about 12,345 bytes" in str(e)
-    e = w._error("the rows", tmp_path / "x", RuntimeError("Disk quota exceeded here\nsecond line"), 10)
-    assert str(e).startswith(f"cannot write the rows to {w.path} (Disk quota exceeded here): ")
-
-
-def test_another_write_error_names_what_where_and_its_first_line(tmp_path):
-    w = _writer(tmp_path)
-    e = w._error("the rows", tmp_path / "x", OSError(errno.EIO, "Input/output error\nmore"), 1)
-    assert str(e) == f"cannot write the rows ({tmp_path / 'x'}): [Errno 5] Input/output error. {results_h5._FULL_FIX}"
-    e = w._error("the rows", tmp_path / "x", ValueError(), 1)   # no text: its repr
-    assert str(e) == f"cannot write the rows ({tmp_path / 'x'}): ValueError(). {results_h5._FULL_FIX}"
-    own = HpcflError("already worded")
-    assert w._error("the rows", tmp_path / "x", own, 1) is own
-
-
-def test_a_failed_new_file_leaves_no_partial_file_behind(tmp_path, monkeypatch):
-    """The new file is built under a temporary name; a failure there removes it and closes it."""
-    def boom(*a, **k):
-        raise OSError(errno.EIO, "Input/output error")
-    monkeypatch.setattr("hpcfl.io.results._segments", boom)
-    with pytest.raises(HpcflError, match=r"^cannot write the new results file \(.*\.results\.h5\.new-tmp\)"):
-        ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS)
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-
-
-# ---- file locking ------------------------------------------------------------------------------------
-
-def test_configure_sets_locking_for_the_writer_and_the_reader(tmp_path, monkeypatch):
-    monkeypatch.setitem(results_h5.LOCKING, "locking", True)
-    monkeypatch.setitem(reader.LOCKING, "locking", True)
-    results_h5.configure(False)
-    assert results_h5.LOCKING == {"locking": False} and reader.LOCKING["locking"] is False
-    seen = {}
-    monkeypatch.setattr(results_h5.h5py, "File", lambda path, mode, **kw: seen.update(kw) or "f")
-    assert results_h5._open(tmp_path / "x.h5", "r") == "f" and seen == {"locking": False}
-    results_h5.configure(True)
-    seen.clear()
-    results_h5._open(tmp_path / "x.h5", "r")
-    assert seen == {} and reader.LOCKING["locking"] is True
-
-
 # ---- the rows of a round ---------------------------------------------------------------------------
 
 def test_a_round_missing_a_metric_or_a_client_field_is_refused_naming_both(tmp_path):
@@ -287,81 +179,6 @@ def test_client_rows_are_flat_copies_taken_when_the_round_is_added(tmp_path):
     w.close()
     res = load(tmp_path)
     assert res.clients["client"].tolist() == [1, 4, 1, 4] and res.clients["steps"].tolist() == [1, 1, 2, 2]
-
-
-# ---- per-client summaries and controller events at the end ----------------------------------------
-
-def test_the_final_write_stores_each_clients_summary_over_rounds_with_its_unit(tmp_path):
-    score = {"score": Field(np.float64, "1", "a per-client score", summary="median")}
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((5, 3), dtype=np.int64), client_fields=score)
-    for r, (clients, scores) in enumerate([((1, 4), (1.0, 7.0)), ((1, 2), (3.0, 5.0)), ((1, 4), (8.0, 9.0))], 1):
-        m, c = row(r, clients)
-        w.append_round(m, {**c, "score": np.array(scores)})
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
-    w.close()
-    with h5py.File(tmp_path / "results.h5", "r") as f:
-        ds = f["clients_summary/score_median"]
-        assert ds.shape == (5,)                                  # one per client of the partition
-        assert np.array_equal(ds[()], [np.nan, 3.0, 5.0, np.nan, 8.0], equal_nan=True)
-        assert ds.attrs["unit"] == "1" and ds.attrs["description"] == "median over rounds of: a per-client score"
-        assert list(f["clients_summary"]) == ["score_median"]     # fields without a summary get none
-
-
-def test_the_final_write_rebuilds_the_controller_events_from_the_tau_columns(tmp_path):
-    from hpcfl.algorithms.gift import TAU_FIELDS
-
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS, metric_fields=TAU_FIELDS)
-    taus = [(8, 8, 0), (8, 4, 1), (4, 4, 0), (4, 2, 3)]   # (tau_used, tau_next, tau_event) per round
-    for r, (used, nxt, event) in enumerate(taus, 1):
-        m, c = row(r)
-        m.update({k: 0 for k in TAU_FIELDS}, tau_used=used, tau_next=nxt, tau_event=event)
-        w.append_round(m, c)
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
-    w.close()
-    res = load(tmp_path)
-    assert res.events.tolist() == [(2, 8, 4, b"stagnation"), (4, 4, 2, b"literal")]
-    with h5py.File(tmp_path / "results.h5", "r") as f:
-        assert f["controller_events"].attrs["unit"] == "round, steps, steps, name"
-        assert f["controller_events"].attrs["description"].startswith("changes of tau: (round, old_tau, new_tau")
-    _run(tmp_path / "plain.h5", 1)
-    w = ResultsWriter(tmp_path / "p.h5", ATTRS, COUNTS)   # no tau columns: no table
-    w.append_round(*row(1))
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
-    w.close()
-    with h5py.File(tmp_path / "p.h5", "r") as f:
-        assert "controller_events" not in f
-
-
-# ---- the run's folder moved or its file deleted before the last write -------------------------------
-
-def test_the_last_write_follows_a_moved_folder_and_refuses_a_deleted_file(tmp_path):
-    (tmp_path / "a").mkdir()
-    w = ResultsWriter(tmp_path / "a" / "results.h5", ATTRS, COUNTS)
-    w.append_round(*row(1))
-    (tmp_path / "a").rename(tmp_path / "b")                     # --out moved mid-run
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
-    w.close()
-    assert w.moved_from == tmp_path / "a" / "results.h5" and w.path == tmp_path / "b" / "results.h5"
-    assert not (tmp_path / "a").exists() and sorted(p.name for p in (tmp_path / "b").iterdir()) == ["results.h5"]
-    assert load(tmp_path / "b").attrs["status"] == "finished"
-
-    w = ResultsWriter(tmp_path / "c.h5", ATTRS, COUNTS)
-    w.append_round(*row(1))
-    (tmp_path / "c.h5").unlink()
-    with pytest.raises(HpcflError, match=rf"^{tmp_path / 'c.h5'} was deleted while the run was writing it: the "
-                                         r"rounds written there are lost, and the checkpoints are not \(pass "
-                                         r"--force to start over, or restore the file and run the same command "
-                                         r"again\)$"):
-        w.mark_diverged(1)
-    assert w.moved_from is None
-
-
-def test_an_unmoved_file_keeps_its_path(tmp_path):
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS)
-    w.append_round(*row(1))
-    w.mark_diverged(1)
-    w.close()
-    assert w.moved_from is None and w.path == tmp_path / "results.h5" and w.file is None
 
 
 # ---- the helpers under the writer ------------------------------------------------------------------
@@ -413,42 +230,3 @@ def test_a_resume_of_an_old_file_with_other_client_eval_dtypes_writes_the_declar
     ResultsWriter(path, ATTRS, None, resume_at=2, client_eval=True).close()
     with h5py.File(path, "r") as f:
         assert f["client_eval/accuracy"].dtype == np.float64
-
-
-def test_a_failed_last_write_closes_the_copy_and_leaves_the_writer_closed(tmp_path, monkeypatch):
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS)
-    w.append_round(*row(1))
-
-    def fail():
-        raise OSError(errno.EIO, "Input/output error")
-    monkeypatch.setattr(w, "_commit_normal_mode", fail)
-    with pytest.raises(HpcflError, match=r"^cannot write the diverged status \(.*results\.h5\.final\): "):
-        w.mark_diverged(1)
-    assert w.file is None and not (tmp_path / "results.h5.final").exists()
-    w.close()
-    assert load(tmp_path).attrs["status"] == "running"
-
-
-def test_a_moved_runs_last_write_copies_beside_the_file_where_it_is_now(tmp_path):
-    (tmp_path / "a").mkdir()
-    w = ResultsWriter(tmp_path / "a" / "results.h5", ATTRS, COUNTS)
-    w.append_round(*row(1))
-    (tmp_path / "a").rename(tmp_path / "b")
-    w.mark_diverged(1)
-    assert w._final == tmp_path / "b" / "results.h5.final"
-    w.close()
-
-
-def test_the_controller_events_describe_every_reason(tmp_path):
-    from hpcfl.algorithms.gift import TAU_FIELDS
-
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS, metric_fields=TAU_FIELDS)
-    m, c = row(1)
-    w.append_round({**m, **{k: 0 for k in TAU_FIELDS}, "tau_used": 4, "tau_next": 2, "tau_event": 6}, c)
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
-    w.close()
-    with h5py.File(tmp_path / "results.h5", "r") as f:
-        assert f["controller_events"].attrs["description"] == (
-            "changes of tau: (round, old_tau, new_tau, reason), reason in stagnation, relax, literal, "
-            "adacomm, saturation, afl; the new tau is used from round + 1")
-        assert f["controller_events"][()].tolist() == [(1, 4, 2, b"afl")]
