@@ -242,17 +242,17 @@ def report(work: Path, diffs: bool, label: str) -> dict[str, dict]:
     """Print :func:`tally`'s table of the copy ``work`` and each survivor (with its diff)."""
     rows = tally(work)
     print(table(rows))
+    if rows and not any(r["killed"] + r["survived"] + r["timeout"] for r in rows.values()):
+        # mutmut's first, unmutated run failed ("failed to collect stats"): no mutant was tried,
+        # and a table of zeros must not pass for a score (nor every mutant be listed as a survivor)
+        sys.exit(f"tools/mutation.py: {label}: no mutant was run; the tests fail on the unmutated "
+                 f"code in the copy (see pytest's output above); fix that first. Copy: {work}")
     shown = survivor_diffs(work, rows) if diffs else {}
     for module, r in rows.items():
         for survivor in r["survivors"]:
             print(f"\n-- survived: {survivor}")
             if diffs:
                 print(shown.get(survivor.split(" ")[0], "").rstrip())
-    if rows and not any(r["killed"] + r["survived"] + r["timeout"] for r in rows.values()):
-        # mutmut's first, unmutated run failed ("failed to collect stats"): no mutant was tried,
-        # and a table of zeros must not pass for a score
-        sys.exit(f"tools/mutation.py: {label}: no mutant was run; the tests fail on the unmutated "
-                 f"code in the copy (see pytest's output above); fix that first. Copy: {work}")
     return rows
 
 
