@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
+from hpcfl.algorithms.gift import TAU_FIELDS
 from hpcfl.errors import HpcflError
 from hpcfl.io import reader, results_h5
 from hpcfl.io.results import ResultsWriter, load
@@ -142,8 +143,6 @@ def test_the_final_write_stores_each_clients_summary_over_rounds_with_its_unit(t
 
 
 def test_the_final_write_rebuilds_the_controller_events_from_the_tau_columns(tmp_path):
-    from hpcfl.algorithms.gift import TAU_FIELDS
-
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS, metric_fields=TAU_FIELDS)
     taus = [(8, 8, 0), (8, 4, 1), (4, 4, 0), (4, 2, 3)]   # (tau_used, tau_next, tau_event) per round
     for r, (used, nxt, event) in enumerate(taus, 1):
@@ -222,8 +221,6 @@ def test_a_moved_runs_last_write_copies_beside_the_file_where_it_is_now(tmp_path
 
 
 def test_the_controller_events_describe_every_reason(tmp_path):
-    from hpcfl.algorithms.gift import TAU_FIELDS
-
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, COUNTS, metric_fields=TAU_FIELDS)
     m, c = row(1)
     w.append_round({**m, **{k: 0 for k in TAU_FIELDS}, "tau_used": 4, "tau_next": 2, "tau_event": 6}, c)

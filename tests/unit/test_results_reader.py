@@ -19,7 +19,8 @@ from hpcfl.errors import HpcflError
 from hpcfl.io import h5check, reader
 from hpcfl.io.reader import Results
 from hpcfl.io.results import ResultsWriter, load
-from test_results_file import ATTRS, row
+from hpcfl.state import Field
+from test_results_file import ATTRS, _schema1_file, row
 from test_results_hostile import crafted
 
 
@@ -259,8 +260,6 @@ def test_a_copy_of_the_file_elsewhere_is_read_from_its_own_path(good, tmp_path):
 # ---- the rest of a loaded file ---------------------------------------------------------------------------
 
 def test_units_class_counts_and_per_client_summaries_read_back(tmp_path):
-    from hpcfl.state import Field
-
     counts = np.arange(15, dtype=np.int64).reshape(5, 3)
     score = {"score": Field(np.float64, "1", "a per-client score", summary="mean")}
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, counts, client_fields=score)
@@ -286,8 +285,6 @@ def test_units_class_counts_and_per_client_summaries_read_back(tmp_path):
                    f["partition"].create_dataset("class_counts", data=np.zeros((2, 3)))), "expected integers"),
 ], ids=["summary_group", "summary_strings", "partition_dataset", "counts_floats"])
 def test_bad_summaries_and_counts_are_refused_naming_the_file(tmp_path, edit, words):
-    from hpcfl.state import Field
-
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((5, 3), dtype=np.int64),
                       client_fields={"s": Field(np.float64, "1", "s", summary="median")})
     m, c = row(1)
@@ -301,8 +298,6 @@ def test_bad_summaries_and_counts_are_refused_naming_the_file(tmp_path, edit, wo
 
 
 def test_an_old_file_reads_its_client_rounds_from_1_even_when_asked_lazily(tmp_path):
-    from test_results_file import _schema1_file
-
     _schema1_file(tmp_path / "results.h5", 2)               # rows of rounds 0, 1
     for lazy in (False, True):
         res = load(tmp_path, lazy=lazy)
