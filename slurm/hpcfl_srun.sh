@@ -43,6 +43,9 @@
 hpcfl_srun_once() {
     local errors=$1 tee_pid
     shift
+    # emptied here, before the watcher starts: tee truncates it only once it has started, and a
+    # watcher that read the last launch's misread first would end this launch for nothing
+    : > "$errors"
     exec 3> >(tee "$errors" >&2)
     tee_pid=$!
     srun --kill-on-bad-exit=0 --wait=120 "$@" 2>&3 &

@@ -5,6 +5,7 @@ not, USR1 to the batch shell reaches the program, a launch whose ranks never sta
 Slurm's pmi2 plugin misread a line is started again (at most HPCFL_LAUNCH_RETRIES times)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -211,6 +212,20 @@ def test_a_launch_hung_after_a_misread_is_ended_and_started_again(stand, name):
     assert "launching again (1 of at most 2, HPCFL_LAUNCH_RETRIES)" in p.stderr
     assert "hpcfl: finished" in p.stdout
     assert 5 <= took < 20, took      # 5 s for the ranks to abort by themselves, not the stand-in's 30
+
+
+def test_a_launch_after_a_misread_is_not_ended_for_the_last_launchs_lines(stand):
+    """Seen in CI: the second launch, on OFI, was ended as a misread 5 s in, for the first launch's
+    lines still in the kept stderr (tee empties it only once it has started). Here tee starts 1 s
+    late and the second launch runs 7 s: it must finish, not be ended."""
+    tee = stand.dir / "bin" / "tee"
+    tee.write_text(f'#!/bin/bash\nsleep 1\nexec {shutil.which("tee")} "$@"\n')
+    tee.chmod(0o755)
+    p = stand.run("cpu_only", STANDIN_PMI_MISREAD=1, STANDIN_EXIT=0, STANDIN_RUN_S=7, SLURM_RESTART_COUNT=0)
+    assert p.returncode == 0, p.output
+    assert calls(stand) == 2 and netmods(stand) == ["", "ofi"]
+    assert "ending this launch" not in p.stderr and not (stand.dir / "srun.signals").exists()
+    assert "hpcfl: finished" in p.stdout
 
 
 def test_a_netmod_the_user_chose_is_kept_on_the_next_launch(stand):
