@@ -46,6 +46,10 @@ def test_vr_state_restores_hbar_as_its_own_float64_copy_and_c_with_it():
     assert vr.hbar.dtype == np.float64 and vr.hbar.tolist() == [0.5, -1.0, 0.25]
     assert vr.c.dtype == torch.float32 and vr.c.tolist() == [0.5, -1.0, 0.25]
     assert hbar.get() is vr.hbar
+    value = np.array([2.0, 4.0, 8.0])             # float64: no conversion that would copy anyway
+    hbar.set(value)
+    value[:] = 7.0
+    assert vr.hbar.tolist() == [2.0, 4.0, 8.0] and vr.c.tolist() == [2.0, 4.0, 8.0]
 
 
 def test_server_momentum_state_restores_a_copy():
