@@ -13,7 +13,7 @@ from hpcfl.algorithms.nova_diag import nova_diagnostics
 # tau_eff = 0.5 + 3 = 3.5, w = (1, 6) / 7, chi2 = 7 (3/28)^2 (1 + 1/6) = 3/32, slowdown = 3 / 3.5,
 # A = 2 * 3.5 * (3/4 / 49 + 36 * 5/16 / 49) = 12/7, B = (2.75 + 6 * 1) / 7 = 1.25, C = max(4 - 1, 16 - 8) = 8.
 TAU, A1, A2, LAST = [2.0, 4.0], [2.0, 4.0], [3.0, 5.0], [0.5, 2.0]
-EXPECT = dict(tau_eff=3.5, chi2=3 / 32, slowdown=6 / 7, A=12 / 7, B=1.25, C=8.0)
+EXPECT = {"tau_eff": 3.5, "chi2": 3 / 32, "slowdown": 6 / 7, "A": 12 / 7, "B": 1.25, "C": 8.0}
 
 
 def check(d, expect=EXPECT, w=(1 / 7, 6 / 7)):
@@ -37,7 +37,7 @@ def test_a_client_with_zero_weight_adds_nothing():
 
 def test_one_client():
     d = nova_diagnostics([2.0], [3.0], [3.0], [3.0], [1.0])
-    check(d, dict(tau_eff=3.0, chi2=0.0, slowdown=1.0, A=1.0, B=2.0, C=6.0), w=[1.0])
+    check(d, {"tau_eff": 3.0, "chi2": 0.0, "slowdown": 1.0, "A": 1.0, "B": 2.0, "C": 6.0}, w=[1.0])
 
 
 def test_float32_and_column_inputs_give_the_float64_results():

@@ -145,16 +145,16 @@ class Misplaced(Policy):
 
 
 @pytest.mark.parametrize("policy, slot, message", [
-    (object(), "local", "object (local) does not derive from hpcfl.algorithms.protocol.Policy: the engine calls only "
-                        "the hooks that class declares"),
-    (Contribution(), "add-on", "Contribution defines contribution(), which the engine never calls: a server rule turns "
-                               "a client's update into its contribution in contribute_into(out, weight, anorm), in "
-                               "place (hpcfl.algorithms.protocol.ServerRule)"),
-    (Plain(), "server", "Plain is a server rule but does not derive from hpcfl.algorithms.protocol.ServerRule "
-                        "(contribute_into, aggregate, tau_eff)"),
+    (object(), "local", ("object (local) does not derive from hpcfl.algorithms.protocol.Policy: the engine calls "
+                         "only the hooks that class declares")),
+    (Contribution(), "add-on", ("Contribution defines contribution(), which the engine never calls: a server rule "
+                                "turns a client's update into its contribution in contribute_into(out, weight, "
+                                "anorm), in place (hpcfl.algorithms.protocol.ServerRule)")),
+    (Plain(), "server", ("Plain is a server rule but does not derive from hpcfl.algorithms.protocol.ServerRule "
+                         "(contribute_into, aggregate, tau_eff)")),
     (NoAggregate(), "server", "NoAggregate is a server rule but does not define aggregate(delta_sum, s, seg)"),
-    (Misplaced(), "steps", "Misplaced (steps) defines aggregate(), tau_eff(), which the engine calls only on the server "
-                           "rule; move it into the job's server rule (algorithm.server)"),
+    (Misplaced(), "steps", ("Misplaced (steps) defines aggregate(), tau_eff(), which the engine calls only on the "
+                            "server rule; move it into the job's server rule (algorithm.server)")),
 ])
 def test_check_policy_names_the_class_the_method_and_the_fix(policy, slot, message):
     with pytest.raises(TypeError, match="^" + re.escape(message) + "$"):

@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from hpcfl.algorithms.server import AverageRule, NovaOptions, NovaRule, ServerOptimizer, divide_
+from hpcfl.algorithms.server import (
+    AverageRule,
+    NovaOptions,
+    NovaRule,
+    ServerOptimizer,
+    divide_,
+)
 
 S = {"weight": 4.0, "weight_anorm": 8.0, "weight_steps": 12.0}
 
