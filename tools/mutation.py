@@ -77,7 +77,9 @@ SCOPES = {
                     "hpcfl/algorithms/gift.py", "hpcfl/algorithms/fedlga*.py"],
                    ["tests/unit/test_protocol.py", "tests/unit/test_algorithms.py",
                     "tests/unit/test_fednova.py", "tests/unit/test_nova_diag.py", "tests/unit/test_scaffold.py",
-                    "tests/unit/test_variates.py",
+                    "tests/unit/test_variates.py", "tests/unit/test_policy_check.py",
+                    "tests/unit/test_protocol_mutants.py", "tests/unit/test_server_mutants.py",
+                    "tests/unit/test_nova_diag_mutants.py", "tests/unit/test_variates_mutants.py",
                     "tests/unit/test_tau_control.py", "tests/unit/test_gift_engine.py",
                     "tests/unit/test_fedlga.py", "tests/unit/test_fedlga_grad.py"]),
 }
