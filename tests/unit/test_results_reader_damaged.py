@@ -1,0 +1,204 @@
+"""The reader on a live file, a damaged file and a model of the user's own (hpcfl/io/reader.py):
+
+- a live writer's file (SWMR flag in the superblock) may hold one column a round ahead of another:
+  ``load``, ``load(lazy=True)`` and ``metric_rows`` cut every column to the shortest, and the same
+  file, closed, is refused; only the SWMR bit (0x04) counts as live, not the write bit (0x01);
+- every refusal of a damaged member or attribute starts with the file's path;
+- ``Results.model()`` of a plug-in model finds the module where the run imported it from (the file's
+  ``plugins`` attribute), and refuses a stored model that lacks a parameter.
+"""
+
+import shutil
+import struct
+import sys
+import uuid
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcfl.errors import HpcflError
+from hpcfl.io import h5check, reader
+from hpcfl.io.results import ResultsWriter, load
+from test_results_file import ATTRS, row
+from test_results_hostile import crafted
+
+
+def _writer(path: Path, rounds=(1, 2, 3), attrs=ATTRS) -> ResultsWriter:
+    w = ResultsWriter(path, attrs, np.ones((2, 3), dtype=np.int64))
+    for r in rounds:
+        w.append_round(*row(r))
+    return w
+
+
+@pytest.fixture
+def good(tmp_path) -> Path:
+    path = tmp_path / "good" / "results.h5"
+    path.parent.mkdir()
+    w = _writer(path)
+    w.write_final(np.arange(7, dtype=np.float32), ["param:w", "buffer:b"], [(2, 2), (3,)], (2,), 2)
+    w.close()
+    return path
+
+
+# ---- a live file's columns ------------------------------------------------------------------------------
+
+def test_a_live_files_columns_are_cut_to_the_shortest_and_the_closed_file_is_refused(tmp_path):
+    """The writer has one metric a round ahead (4 rows against 3) and one client column a row ahead
+    (7 against 6): while it has the file open, every reader cuts to 3 rounds and 6 client rows;
+    once closed, the uneven columns are damage and are refused."""
+    path = tmp_path / "results.h5"
+    w = _writer(path)
+    w.file["metrics/train_loss"].resize((4,))
+    w.file["metrics/train_loss"][3] = 9.0
+    w.file["clients/round"].resize((7,))
+    w.file.flush()
+    assert h5check.superblock(path)["flags"] & 0x04
+    res = load(path)
+    assert {len(v) for v in res.metrics.values()} == {3} and res.metrics["train_loss"].tolist() == [1.0, 2.0, 3.0]
+    assert {len(v) for v in res.clients.values()} == {6} and res.clients["round"].tolist() == [1, 1, 2, 2, 3, 3]
+    assert [r["train_loss"] for r in reader.metric_rows(path)] == [1.0, 2.0, 3.0]
+    lazy = load(path, lazy=True).clients
+    assert lazy.rows == 6 and lazy["round"].tolist() == [1, 1, 2, 2, 3, 3] and len(lazy["client"]) == 6
+    w.close()
+    for read in (load, reader.metric_rows):
+        with pytest.raises(h5check.BadFile, match=rf"^{path}: the columns of /metrics have different lengths \[3, 4\]$"):
+            read(path)
+
+
+def _old_format_copy(good: Path, tmp_path: Path) -> Path:
+    """``good`` copied into a version-0 superblock (no checksum, flags read but not enforced by HDF5),
+    with /metrics/train_loss one row longer than the other metrics."""
+    old = tmp_path / "old.h5"
+    with h5py.File(good, "r") as src, h5py.File(old, "w", libver="earliest") as dst:
+        for k in src:
+            src.copy(src[k], dst, k)
+        for k, v in src.attrs.items():
+            dst.attrs[k] = v
+        dst["metrics/train_loss"].resize((4,))
+    assert h5check.superblock(old)["version"] == 0
+    return old
+
+
+@pytest.mark.parametrize("flags, live", [(0, False), (1, False), (4, True), (5, True)])
+def test_only_the_swmr_bit_makes_a_file_live(good, tmp_path, flags, live):
+    """Bit 0 (open for write) alone is a writer that never allowed readers in: its uneven columns
+    are refused; bit 2 (SWMR write) is a live file, cut to the shortest."""
+    path = tmp_path / f"flags{flags}.h5"
+    shutil.copyfile(_old_format_copy(good, tmp_path), path)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 20, flags)   # a version-0 superblock's consistency flags
+    path.write_bytes(bytes(data))
+    if live:
+        assert len(load(path).metrics["train_loss"]) == 3 and len(reader.metric_rows(path)) == 3
+    else:
+        for read in (load, reader.metric_rows):
+            with pytest.raises(h5check.BadFile, match=f"^{path}: the columns of /metrics have different"):
+                read(path)
+
+
+# ---- damaged members and attributes: the path first ----------------------------------------------------
+
+def _replace_with(name, make):
+    def edit(f, t):
+        parent, _, leaf = name.rpartition("/")
+        del f[name]
+        make(f[parent or "/"], leaf)
+    return edit
+
+
+def _dataset(g, name):
+    g.create_dataset(name, data=np.zeros(3))
+
+
+def _group(g, name):
+    g.create_group(name)
+
+
+DAMAGE = {   # name: (edit, reader call, words after the path)
+    "final_a_dataset": (_replace_with("final", _dataset), load, ": /final is not a group"),
+    "names_a_group": (_replace_with("final/param_names", _group), load, ": /final/param_names is not a dataset"),
+    "final_attr_array": (lambda f, t: f["final"].attrs.__setitem__("x", np.zeros(2)), load,
+                         ": attribute 'x' is an array"),
+    "counts_a_group": (_replace_with("partition/class_counts", _group), load,
+                       ": /partition/class_counts is not a dataset"),
+    "summary_a_dataset": (lambda f, t: f.create_dataset("clients_summary", data=np.zeros(2)), load,
+                          ": /clients_summary is not a group"),
+    "schema_text": (lambda f, t: f.attrs.__setitem__("schema_version", "two"), load,
+                    ": attribute 'schema_version' = 'two' is not an integer"),
+    "clients_lazy": (_replace_with("clients", _dataset), lambda p: load(p, lazy=True), ": /clients is not a group"),
+    "status_attr_array": (lambda f, t: f.attrs.__setitem__("x", np.zeros(2)), reader.status,
+                          ": attribute 'x' is an array"),
+    "status_no_config": (lambda f, t: f.attrs.__delitem__("config"), reader.status,
+                         " has no config attribute, so it is not an hpcfl results file"),
+    "diverged_attr_array": (lambda f, t: f.attrs.__setitem__("x", np.zeros(2)), reader.diverged_round,
+                            ": attribute 'x' is an array"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGE))
+def test_every_damaged_member_is_refused_naming_the_file_first(good, tmp_path, name):
+    edit, call, words = DAMAGE[name]
+    path = crafted(good, tmp_path, name, edit)
+    with pytest.raises(h5check.BadFile) as info:
+        call(path)
+    assert str(info.value).startswith(f"{path}{words}"), str(info.value)
+
+
+# ---- Results.model() ---------------------------------------------------------------------------------
+
+PLUGIN = "from torch import nn\n\n\ndef tiny(input_shape, num_classes):\n" \
+         "    return nn.Sequential(nn.Flatten(), nn.Linear(4, num_classes))\n"
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    """A plug-in module under a name no test imported before (so sys.modules cannot supply it),
+    in a folder not on sys.path; its name, and the job and records a run of it would store."""
+    name = f"readernets_{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / "plug"
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(PLUGIN)
+    config = {"run": {"rounds": 3}, "model": {"name": f"{name}:tiny"}}
+    records = {"model.name": {"name": f"{name}:tiny", "file": str(folder / f"{name}.py")}}
+    yield name, config, records
+    sys.modules.pop(name, None)
+
+
+def _plugin_run(tmp_path, config, records, names=("param:1.weight", "param:1.bias"), shapes=((3, 4), (3,))):
+    path = tmp_path / "out" / "results.h5"
+    path.parent.mkdir()
+    w = _writer(path, (1,), {**ATTRS, "config": config, "plugins": records})
+    size = sum(int(np.prod(s)) for s in shapes)
+    w.write_final(np.arange(size, dtype=np.float32), list(names), list(shapes), (4,), 3)
+    w.close()
+    return load(path)
+
+
+def test_the_model_of_a_plugin_is_built_from_the_recorded_module(tmp_path, plugin):
+    """Not imported, not on sys.path: the module is found through the file's plugins attribute."""
+    name, config, records = plugin
+    assert name not in sys.modules and str(tmp_path / "plug") not in sys.path
+    net = _plugin_run(tmp_path, config, records).model()
+    assert type(net).__name__ == "Sequential" and not net.training
+    assert net[1].weight.detach().numpy().ravel().tolist() == list(range(12))
+    assert net[1].bias.detach().numpy().tolist() == [12.0, 13.0, 14.0]
+
+
+def test_plugins_that_are_not_a_table_are_not_looked_in(tmp_path, plugin):
+    """A plugins attribute that is not a table (a list here) is ignored, so the module is not found:
+    the job's own refusal, not a crash on the attribute."""
+    name, config, records = plugin
+    res = _plugin_run(tmp_path, config, list(records.values()))
+    with pytest.raises(HpcflError, match=name):
+        res.model()
+
+
+def test_a_stored_model_that_lacks_a_parameter_is_refused(tmp_path, plugin):
+    """Only the weight stored (the bias missing): loading it would leave the bias at its random init."""
+    name, config, records = plugin
+    res = _plugin_run(tmp_path, config, records, names=("param:1.weight",), shapes=((3, 4),))
+    with pytest.raises(HpcflError, match=rf"^the stored model does not fit {name}:tiny: missing \['1.bias'\], "
+                                         r"unexpected \[\]$"):
+        res.model()
