@@ -17,12 +17,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from test_results_file import ATTRS, row
+from test_results_hostile import crafted
 
 from hpcfl.errors import HpcflError
 from hpcfl.io import h5check, reader
 from hpcfl.io.results import ResultsWriter, load
-from test_results_file import ATTRS, row
-from test_results_hostile import crafted
 
 
 def _writer(path: Path, rounds=(1, 2, 3), attrs=ATTRS) -> ResultsWriter:
