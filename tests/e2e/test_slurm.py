@@ -56,7 +56,7 @@ SCONTROL = r"""#!/bin/bash
 printf '%s\n' "$@" >> "$STANDIN_DIR/scontrol.argv"
 exit "${STANDIN_SCONTROL_RC:-0}"
 """
-# hpcfl: record argv; exit with STANDIN_EXIT (after STANDIN_RUN_S seconds), or (wait_usr1) wait for USR1, then exit 75 like the
+# hpcfl: record argv; exit with STANDIN_EXIT (after STANDIN_RUN_S seconds, printing STANDIN_STDERR), or (wait_usr1) wait for USR1, then exit 75 like the
 # engine does after its checkpoint (bounded: gives up with exit 1 after 10 s), or (stall) leave the
 # watchdog's note as hpcfl.engine.watchdog does under the launcher and exit 137 as srun reports it
 # (or STANDIN_EXIT: another rank's own ending raced the watchdog).
@@ -75,6 +75,7 @@ if [ "${STANDIN_MODE:-}" = wait_usr1 ]; then
     exit 1
 fi
 sleep "${STANDIN_RUN_S:-0}"
+[ -z "${STANDIN_STDERR:-}" ] || echo "$STANDIN_STDERR" >&2
 exit "${STANDIN_EXIT:-0}"
 """
 

@@ -5,6 +5,7 @@ not, USR1 to the batch shell reaches the program, a launch whose ranks never sta
 Slurm's pmi2 plugin misread a line is started again (at most HPCFL_LAUNCH_RETRIES times)."""
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -250,3 +251,23 @@ def test_other_failures_are_not_launched_again(stand, code):
     p = stand.run("cpu_only", STANDIN_EXIT=code, SLURM_RESTART_COUNT=0)
     assert p.returncode == code and calls(stand) == 1, p.output
     assert "launching again" not in p.output
+
+
+def test_a_failure_that_prints_is_not_taken_for_a_misread(stand):
+    """A failed run prints (a traceback, an error): only srun's pmi2 lines make a launch start
+    again, not any line on stderr."""
+    p = stand.run("cpu_only", STANDIN_EXIT=1, STANDIN_STDERR="RuntimeError: rank 0 lost its GPU",
+                  SLURM_RESTART_COUNT=0)
+    assert p.returncode == 1 and calls(stand) == 1, p.output
+    assert "RuntimeError: rank 0 lost its GPU" in p.stderr and "launching again" not in p.output
+
+
+def test_the_launcher_sleeps_while_srun_runs(stand):
+    """The batch shell waits on srun instead of polling it: a 3 s run costs it a fraction of a
+    second of CPU (polling in a loop burns a core of the batch node for the whole job)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = stand.run("cpu_only", STANDIN_EXIT=0, STANDIN_RUN_S=3, SLURM_RESTART_COUNT=0)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert p.returncode == 0, p.output
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 0.6, f"{cpu:.2f} s of CPU for a 3 s run"
