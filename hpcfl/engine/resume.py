@@ -66,14 +66,14 @@ def _tables(s) -> list:
     return sorted((it for it in state_items(s) if isinstance(it, ClientTable)), key=lambda t: t.name)
 
 
-def _home_rows(s, lo: int, hi: int) -> tuple[int, int]:
-    """This rank's row range in its tables for clients ``lo .. hi - 1`` (a run it owns)."""
-    first = int(s.slot[lo])
-    return first, first + (hi - lo)
+def _home_row(s, lo: int) -> int:
+    """This rank's row in its tables of client ``lo``, the first of a run of clients it owns (the
+    run's rows follow it in order)."""
+    return int(s.slot[lo])
 
 
-def _table_stream(s, table, rows: np.ndarray) -> Streamed:
-    """Rank 0: table ``clients.<name>`` (N, width) in client-id order, its own rows from
+def _table_stream(s, rows: np.ndarray) -> Streamed:
+    """Rank 0: a table ``clients.<name>`` (N, width) in client-id order, its own rows from
     ``rows`` and the others' received one block at a time into one reused buffer."""
     comm, n, width = s.comm, len(s.owner), rows.shape[1]
 
@@ -82,7 +82,7 @@ def _table_stream(s, table, rows: np.ndarray) -> Streamed:
         for lo, hi, rank in _segments(s.owner):
             for r0, r1 in row_blocks(hi - lo, width * rows.itemsize):
                 if rank == 0:
-                    a, _ = _home_rows(s, lo, hi)
+                    a = _home_row(s, lo)
                     yield lo + r0, lo + r1, rows[a + r0:a + r1]
                     continue
                 if buf is None:   # the one block of memory rank 0 spends on other ranks' rows
@@ -102,7 +102,7 @@ def _send_tables(s) -> None:
         for lo, hi, rank in _segments(s.owner):
             if rank != s.comm.rank:
                 continue
-            a, _ = _home_rows(s, lo, hi)
+            a = _home_row(s, lo)
             for r0, r1 in row_blocks(hi - lo, rows.shape[1] * rows.itemsize):
                 _send(s.comm, rows[a + r0:a + r1], 0)
 
@@ -114,7 +114,7 @@ def _rank0_arrays(s, x) -> dict:
         if isinstance(it, ServerArray) and it.get() is not None:
             arrays[f"server.{it.name}"] = np.asarray(it.get())
     for t in _tables(s):
-        arrays[f"clients.{t.name}"] = _table_stream(s, t, t.get())
+        arrays[f"clients.{t.name}"] = _table_stream(s, t.get())
     return arrays
 
 
@@ -257,7 +257,6 @@ def _read(s, source) -> np.ndarray:
         for lo, hi, rank in _segments(s.owner):
             if comm.rank not in (0, rank):
                 continue
-            a, _ = _home_rows(s, lo, hi) if rank == comm.rank else (0, 0)
             for r0, r1 in row_blocks(hi - lo, width * dtype.itemsize):
                 if comm.rank == 0:
                     rows = source.block(name, lo + r0, lo + r1)
@@ -265,7 +264,7 @@ def _read(s, source) -> np.ndarray:
                     rows = np.empty((r1 - r0, width), dtype=dtype)
                     _recv(comm, rows, 0)
                 if rank == comm.rank:
-                    _put(table, a + r0, rows)
+                    _put(table, _home_row(s, lo) + r0, rows)
                 else:
                     _send(comm, rows, rank)
                 del rows   # before the next block is read: one block in memory, not two

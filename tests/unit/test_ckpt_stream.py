@@ -278,7 +278,7 @@ def test_streamed_tables_send_and_receive_the_same_messages(monkeypatch, owner):
     sent = {k: len(v) for k, v in wire.queue.items()}
     s, table = state(0)
     got = np.full_like(full, np.nan)
-    for r0, r1, rows in resume._table_stream(s, table, table.get()):
+    for r0, r1, rows in resume._table_stream(s, table.get()):
         got[r0:r1] = rows
     np.testing.assert_array_equal(got, full)
     assert all(not v for v in wire.queue.values()), "messages sent but never received"

@@ -174,4 +174,5 @@ def test_guest_slots_follow_cohort_order_not_the_senders_rank_order():
     world, ranks = _setup()
     ctxs = _fetch(world, ranks, cohort=np.array([4, 2]), dealt=np.array([0, 0]), steps=[1, 1])
     assert ranks[0].mig.guests == [0, 1] and ctxs[0].slots.tolist() == [2, 3]
+    assert [rk.mig.moved for rk in ranks] == [2, 2, 2]            # one step each is still training
     assert ranks[0].rts[0][2].tolist() == [4, 40] and ranks[0].rts[0][3].tolist() == [2, 20]
