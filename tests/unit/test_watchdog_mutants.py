@@ -303,12 +303,8 @@ def test_a_run_that_ends_in_the_pause_is_not_aborted(tmp_path, monkeypatch):
     assert comm.codes == [] and (tmp_path / "memory").read_text() == "5\n"
 
 
-def test_remembered_rounds_bounds():
+def test_remembered_rounds_bounds(tmp_path):
     """Round 1 (index 0) is kept; 2**40 and above are not rounds, 2**40 - 1 is."""
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "rounds"
-        p.write_text(f"1\n{(1 << 40) - 1}\n{1 << 40}\n{(1 << 40) + 5}\n{1 << 41}\n")
-        assert remembered_rounds(p) == {0, (1 << 40) - 2}
+    p = tmp_path / "rounds"
+    p.write_text(f"1\n{(1 << 40) - 1}\n{1 << 40}\n{(1 << 40) + 5}\n{1 << 41}\n")
+    assert remembered_rounds(p) == {0, (1 << 40) - 2}
