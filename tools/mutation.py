@@ -55,7 +55,7 @@ SCOPES = {
             "hpcfl/io/resume_check.py"],
            ["tests/unit/test_checkpoint.py", "tests/unit/test_checkpoint_durability.py",
             "tests/unit/test_checkpoint_held.py", "tests/unit/test_ckpt_stream.py",
-            "tests/unit/test_results_file.py", "tests/unit/test_results_hostile.py",
+            "tests/unit/test_checkpoint_store_edges.py", "tests/unit/test_results_file.py", "tests/unit/test_results_hostile.py",
             "tests/unit/test_rundir.py", "tests/unit/test_resume_check.py",
             "tests/unit/test_results_writer_edges.py", "tests/unit/test_results_last_writes.py",
             "tests/unit/test_results_reader.py", "tests/unit/test_results_reader_damaged.py",
