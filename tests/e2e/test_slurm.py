@@ -30,7 +30,8 @@ PROGRAM["array_sweep"] = ["sweep", "jobs/sweep_quickstart.toml"]
 # --opt=value), then run the rest, as srun runs the program on each rank.
 # STANDIN_PMI_MISREAD=N: the first N calls print what srun prints when Slurm's pmi2 plugin misread
 # a PMI-1 line (the ranks then abort in MPI_Init) and exit 16, or with STANDIN_PMI_HANG set wait as
-# the ranks then can (at most 30 s) until srun gets TERM, and exit 143. Calls are counted in srun.calls, and
+# the ranks then can (at most 30 s) until srun gets TERM, and exit 143 (with STANDIN_PMI_STUBBORN too, it
+# only records the TERM and goes on waiting). Calls are counted in srun.calls, and
 # each call's MPIR_CVAR_CH4_NETMOD (empty when unset) is a line of srun.netmod.
 SRUN = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/srun.argv"
@@ -41,7 +42,11 @@ if [ "$n" -le "${STANDIN_PMI_MISREAD:-0}" ]; then
     echo "slurmstepd-node1: error: mpi/pmi2: value not properly terminated in client request" >&2
     echo "slurmstepd-node1: error: mpi/pmi2: invalid client request" >&2
     if [ -n "${STANDIN_PMI_HANG:-}" ]; then   # the ranks wait in MPI_Init until srun is signalled
-        trap 'echo TERM >> "$STANDIN_DIR/srun.signals"; exit 143' TERM
+        if [ -n "${STANDIN_PMI_STUBBORN:-}" ]; then   # an srun that does not end on TERM
+            trap 'echo TERM >> "$STANDIN_DIR/srun.signals"' TERM
+        else
+            trap 'echo TERM >> "$STANDIN_DIR/srun.signals"; exit 143' TERM
+        fi
         for _ in $(seq 600); do sleep 0.05; done
         exit 1
     fi
@@ -59,7 +64,8 @@ exit "${STANDIN_SCONTROL_RC:-0}"
 # hpcfl: record argv; exit with STANDIN_EXIT (after STANDIN_RUN_S seconds, printing STANDIN_STDERR), or (wait_usr1) wait for USR1, then exit 75 like the
 # engine does after its checkpoint (bounded: gives up with exit 1 after 10 s), or (stall) leave the
 # watchdog's note as hpcfl.engine.watchdog does under the launcher and exit 137 as srun reports it
-# (or STANDIN_EXIT: another rank's own ending raced the watchdog).
+# (or STANDIN_EXIT: another rank's own ending raced the watchdog), or (empty_note, fifo_note, foreign_note)
+# leave at the note's path what no watchdog of this launch wrote and exit 137.
 FAKE_HPCFL = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/hpcfl.argv"
 if [ "${STANDIN_MODE:-}" = stall ]; then   # the watchdog: its note where the launcher said, then 137
@@ -67,6 +73,12 @@ if [ "${STANDIN_MODE:-}" = stall ]; then   # the watchdog: its note where the la
         > "$HPCFL_STALL_NOTE"
     exit "${STANDIN_EXIT:-137}"
 fi
+case "${STANDIN_MODE:-}" in   # a note this launch's watchdog did not write, left during the run; then 137
+empty_note) : > "$HPCFL_STALL_NOTE"; exit 137 ;;
+fifo_note) mkfifo "$HPCFL_STALL_NOTE"; exit 137 ;;
+foreign_note) printf 'hpcfl-stalled attempt=%s run=r1\nrank 0 stalled\n' "other.$HPCFL_ATTEMPT" > "$HPCFL_STALL_NOTE"
+    exit 137 ;;
+esac
 printf '%s\n' "${OMP_NUM_THREADS-unset}" > "$STANDIN_DIR/omp"
 if [ "${STANDIN_MODE:-}" = wait_usr1 ]; then
     trap 'echo USR1 > "$STANDIN_DIR/got_usr1"; sleep "${STANDIN_STOP_DELAY:-0}"; exit 75' USR1
@@ -111,10 +123,10 @@ class Stand:
                 env[k] = str(v)
         return env
 
-    def run(self, template, **extra):
+    def run(self, template, timeout=20, **extra):
         path = template if isinstance(template, Path) else SLURM / f"{template}.sbatch"
         p = subprocess.run(["bash", str(path)], cwd=self.dir, env=self.environ(**extra),
-                           capture_output=True, text=True, timeout=20)
+                           capture_output=True, text=True, timeout=timeout)
         p.output = p.stdout + p.stderr
         return p
 

@@ -92,6 +92,17 @@ def test_a_stale_or_planted_note_never_turns_a_crash_into_a_requeue(stand, where
     assert note.exists() == (where != ".hpcfl-stalled")
 
 
+@pytest.mark.parametrize("mode", ["empty_note", "fifo_note", "foreign_note"])
+def test_a_note_left_during_the_run_that_is_not_this_launchs_is_no_stall(stand, mode):
+    """Written while the job ran, so not removed at its start: an empty file, a FIFO (reading it would
+    block the batch script for ever) or another launch's note. The 137 stays a crash."""
+    out = stand.dir / "out"
+    out.mkdir()
+    p = stand.run("requeue", STANDIN_MODE=mode, SLURM_RESTART_COUNT=0, OUT=out)
+    assert p.returncode == 137, p.output
+    assert stand.argv("scontrol") is None and "after the watchdog ended a stalled run" not in p.output
+
+
 def test_a_note_that_is_a_link_is_neither_followed_nor_printed(stand):
     out = stand.dir / "out"
     out.mkdir()
@@ -103,7 +114,16 @@ def test_a_note_that_is_a_link_is_neither_followed_nor_printed(stand):
     assert not (out / ".hpcfl-stalled").is_symlink() and secret.read_text().endswith("TOP SECRET\n")
 
 
-@pytest.mark.parametrize("name,value", [("HPCFL_LAUNCH_RETRIES", "abc"), ("HPCFL_LAUNCH_RETRIES", "2.5"),
+@pytest.mark.parametrize("name, value, launches", [("HPCFL_LAUNCH_RETRIES", "100", 101),
+                                                   ("HPCFL_LAUNCH_RETRIES", "000003", 4),
+                                                   ("MAX_REQUEUES", "10000", 1)])
+def test_counts_at_their_bounds_and_six_digits_are_taken(stand, name, value, launches):
+    """The upper bounds are inclusive, and a count is read as the number its (at most 6) digits make."""
+    p = stand.run("requeue", STANDIN_PMI_MISREAD=launches - 1, SLURM_RESTART_COUNT=0, **{name: value})
+    assert p.returncode == 0 and calls(stand) == launches, p.output
+
+
+@pytest.mark.parametrize("name,value", [("HPCFL_LAUNCH_RETRIES", "abc"), ("HPCFL_LAUNCH_RETRIES", "0000003"), ("HPCFL_LAUNCH_RETRIES", "2.5"),
                                         ("HPCFL_LAUNCH_RETRIES", "-1"), ("HPCFL_LAUNCH_RETRIES", "101"),
                                         ("MAX_REQUEUES", "five"), ("MAX_REQUEUES", "1e3")])
 def test_counts_that_are_not_whole_numbers_in_range_are_exit_2(stand, name, value):
@@ -227,6 +247,18 @@ def test_a_launch_after_a_misread_is_not_ended_for_the_last_launchs_lines(stand)
     assert calls(stand) == 2 and netmods(stand) == ["", "ofi"]
     assert "ending this launch" not in p.stderr and not (stand.dir / "srun.signals").exists()
     assert "hpcfl: finished" in p.stdout
+
+
+def test_an_srun_that_ignores_term_after_a_misread_is_killed_20_s_later(stand):
+    """srun does not end on TERM (it waits on tasks that do not answer): KILL follows 20 s later,
+    not the stand-in's 30 s of waiting, and the next launch runs."""
+    t0 = time.monotonic()
+    p = stand.run("cpu_only", STANDIN_PMI_MISREAD=1, STANDIN_PMI_HANG=1, STANDIN_PMI_STUBBORN=1, STANDIN_EXIT=0,
+                  SLURM_RESTART_COUNT=0, timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode == 0 and calls(stand) == 2, p.output
+    assert (stand.dir / "srun.signals").read_text() == "TERM\n"
+    assert 24 <= took < 29, took
 
 
 def test_a_netmod_the_user_chose_is_kept_on_the_next_launch(stand):
