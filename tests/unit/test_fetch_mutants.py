@@ -196,3 +196,50 @@ def test_verify_a_file_by_path(tmp_path):
     assert fetch.verify(str(path), _remote(data, md5="ff")) == f"md5 {md5} where the source's file has ff"
     assert fetch.verify(str(tmp_path / "none"), _remote(data, md5=md5)) == \
         "it cannot be read (No such file or directory)"
+
+
+# ------------------------------------------------------------------ how files are read
+
+
+class _Reads(io.BytesIO):
+    """A binary file that records the size asked of each read."""
+
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.asked = []
+
+    def read(self, n=-1):
+        self.asked.append(n)
+        return super().read(n)
+
+
+def test_digests_read_in_one_mib_blocks():
+    """A multi-GB download is hashed 1 MiB at a time, never read whole into memory."""
+    data = os.urandom(3 << 20)
+    f = _Reads(data)
+    md5, sha = fetch._digests(f)
+    assert (md5.hexdigest(), sha.hexdigest()) == (hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest())
+    assert f.asked == [1 << 20] * 4
+
+
+def test_md5_is_asked_for_as_a_plain_checksum(monkeypatch):
+    """md5 is requested with usedforsecurity=False, so that a FIPS-mode OpenSSL does not refuse it."""
+    seen = []
+    real = hashlib.md5
+
+    def md5(*a, **kw):
+        seen.append(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(fetch.hashlib, "md5", md5)
+    fetch._digests(io.BytesIO(b"x"))
+    assert seen == [{"usedforsecurity": False}]
+
+
+def test_members_are_copied_in_one_mib_blocks(tmp_path):
+    """Each member is written 1 MiB at a time (not shutil's 64 kB default: archives hold GBs)."""
+    data = os.urandom((2 << 20) + 5)
+    src = _Reads(data)
+    fetch._write_members([("d/big", False, lambda: src)], str(tmp_path), "a.tar")
+    assert (tmp_path / "d" / "big").read_bytes() == data
+    assert src.asked and set(src.asked) == {1 << 20}
