@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,7 +76,8 @@ SCOPES = {
     "data": (["hpcfl/data/partition*.py", "hpcfl/data/client_test.py", "hpcfl/data/fetch.py"],
              ["tests/unit/test_data_partition.py", "tests/unit/test_data_partition_labels.py",
               "tests/unit/test_client_eval_natural.py", "tests/unit/test_data_get.py",
-              "tests/unit/test_data_get_hostile.py"]),
+              "tests/unit/test_data_get_hostile.py",
+              "tests/unit/test_fetch_mutants.py", "tests/unit/test_fetch_mutants_get.py"]),
     # FedNova is server.py's NovaRule (+ nova_diag.py), SCAFFOLD variates.py, GIFT's controller gift.py
     "algorithms": (["hpcfl/algorithms/protocol.py", "hpcfl/algorithms/server.py",
                     "hpcfl/algorithms/nova_diag.py", "hpcfl/algorithms/variates.py",
@@ -173,9 +175,15 @@ def mutmut_exe() -> Path:
     return exe
 
 
+def _default_sigint() -> None:
+    # Started in the background (nohup ... &), a process inherits Ctrl-C ignored, and the data
+    # scope's test of what Ctrl-C leaves behind then fails on the unmutated code
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def mutmut(work: Path, *args: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}   # import the mutants, not ROOT
-    subprocess.run([str(mutmut_exe()), *args], cwd=work, env=env, check=False)
+    subprocess.run([str(mutmut_exe()), *args], cwd=work, env=env, check=False, preexec_fn=_default_sigint)
 
 
 # `mutmut show NAME` loads mutmut afresh for each survivor (about 1 s each): one process does them all
