@@ -262,3 +262,52 @@ def test_a_file_hdf5_cannot_open_is_skipped_as_truncated_or_unreadable(good, cut
     good.write_bytes(data[:cut] if cut else b"\x89HDF\r\n\x1a\n" + bytes(len(data) - 8))
     why = skipped_because(good)
     assert why.startswith(f"{kind}: OSError: "), why
+
+
+# ---- more from the re-run ------------------------------------------------------------------------------
+
+def test_complex_arrays_are_checkpoints_too(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"z": np.array([1 + 2j, -3j])}, manifest=MANIFEST)
+    assert store.load_latest().arrays["z"].tolist() == [1 + 2j, -3j]
+
+
+def test_sizes_in_the_message_round_to_a_tenth_of_a_megabyte(tmp_path, monkeypatch):
+    """1,050,000 bytes are 1.05 MB: "1.1" (one megabyte is 10**6 bytes here, as disks count)."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(0, 0, 1_050_000))
+    text = CheckpointStore(tmp_path)._write_error(1, OSError(errno.ENOSPC, "x"), 1_050_000)
+    assert "It needs about 1.1 MB (1,050,000 bytes)" in text and "; 1.1 MB are free there now." in text
+
+
+def test_rotation_verifies_the_older_checkpoints_a_block_at_a_time(tmp_path, monkeypatch):
+    """Counting the valid ones never loads a checkpoint's arrays whole (a table may exceed memory)."""
+    first = CheckpointStore(tmp_path)
+    for r in (1, 2):
+        save(first, r)
+    asked, real_read = [], CheckpointStore._read
+
+    def read(self, path, keep_arrays):
+        asked.append((path.name, keep_arrays))
+        return real_read(self, path, keep_arrays)
+    monkeypatch.setattr(CheckpointStore, "_read", read)
+    save(CheckpointStore(tmp_path), 3)
+    assert sorted(asked) == [("ckpt-00000001.h5", False), ("ckpt-00000002.h5", False), ("ckpt-00000003.h5", False)]
+
+
+def test_a_held_store_lists_its_own_folder_even_after_a_swap(tmp_path):
+    """The folder moved away and another put at its path: the held store lists the folder it holds."""
+    store = CheckpointStore(tmp_path / "ck")
+    save(store, 1)
+    store.hold()
+    (tmp_path / "ck").rename(tmp_path / "moved")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "ckpt-00000009.h5").write_bytes(b"x")
+    assert [(r, p.name) for r, p in store.list()] == [(1, "ckpt-00000001.h5")]
+
+
+def test_clean_temp_tolerates_a_temporary_file_removed_meanwhile(tmp_path, monkeypatch):
+    """Another process (or a second clean-up) removed it between the listing and the unlink."""
+    store = CheckpointStore(tmp_path)
+    gone = tmp_path / ".ckpt-00000001.h5.tmp-99"
+    monkeypatch.setattr(type(tmp_path), "glob", lambda self, pattern: iter([gone]))
+    assert store.clean_temp() == [gone]
