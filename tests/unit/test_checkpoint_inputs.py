@@ -151,3 +151,14 @@ def test_the_rounds_are_read_from_the_results_file_when_not_given(tmp_path):
         f"resuming would finish with those rounds missing. Put back the results.h5 written with that checkpoint, "
         f"or remove the checkpoints after round 2 from {ckpt.parent} so that the run resumes from one the file "
         f"covers, or pass --force to set the old run aside and start over")
+
+
+def test_a_stored_table_is_hashed_in_blocks_of_its_own_rows_bytes(tmp_path, monkeypatch):
+    """Verifying a float32 (6, 2) table with 16-byte blocks reads 2 rows (8 bytes each) at a time."""
+    monkeypatch.setattr(ckptblocks, "BLOCK_BYTES", 16)
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"t": np.arange(12, dtype=np.float32).reshape(6, 2)}, manifest=MANIFEST)
+    asked, real = [], ckptblocks.hash_bytes
+    monkeypatch.setattr(ckptblocks, "hash_bytes", lambda h, rows: (asked.append(np.shape(rows)), real(h, rows)))
+    assert store.load_latest(keep_arrays=False) is not None
+    assert asked == [(2, 2), (2, 2), (2, 2)]
