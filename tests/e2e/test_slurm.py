@@ -32,12 +32,14 @@ PROGRAM["array_sweep"] = ["sweep", "jobs/sweep_quickstart.toml"]
 # a PMI-1 line (the ranks then abort in MPI_Init) and exit 16, or with STANDIN_PMI_HANG set wait as
 # the ranks then can (at most 30 s) until srun gets TERM, and exit 143 (with STANDIN_PMI_STUBBORN too, it
 # only records the TERM and goes on waiting). Calls are counted in srun.calls, and
-# each call's MPIR_CVAR_CH4_NETMOD (empty when unset) is a line of srun.netmod.
+# each call's MPIR_CVAR_CH4_NETMOD (empty when unset) is a line of srun.netmod, its HPCFL_ATTEMPT a line of
+# srun.attempts. STANDIN_PMI_NOISE: one such line on every call, and the program runs all the same.
 SRUN = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/srun.argv"
 n=$(( $(cat "$STANDIN_DIR/srun.calls" 2>/dev/null || echo 0) + 1 ))
 echo "$n" > "$STANDIN_DIR/srun.calls"
 echo "${MPIR_CVAR_CH4_NETMOD:-}" >> "$STANDIN_DIR/srun.netmod"
+echo "${HPCFL_ATTEMPT:-}" >> "$STANDIN_DIR/srun.attempts"
 if [ "$n" -le "${STANDIN_PMI_MISREAD:-0}" ]; then
     echo "slurmstepd-node1: error: mpi/pmi2: value not properly terminated in client request" >&2
     echo "slurmstepd-node1: error: mpi/pmi2: invalid client request" >&2
@@ -52,6 +54,9 @@ if [ "$n" -le "${STANDIN_PMI_MISREAD:-0}" ]; then
     fi
     echo "srun: error: node1: task 0: Exited with exit code 16" >&2
     exit 16
+fi
+if [ -n "${STANDIN_PMI_NOISE:-}" ]; then   # pmi2's lines, yet the ranks started and the program runs
+    echo "slurmstepd-node1: error: mpi/pmi2: invalid client request" >&2
 fi
 while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
 [ "${STANDIN_SRUN_RUN:-1}" = 1 ] || exit 0
@@ -69,7 +74,7 @@ exit "${STANDIN_SCONTROL_RC:-0}"
 FAKE_HPCFL = r"""#!/bin/bash
 printf '%s\n' "$@" > "$STANDIN_DIR/hpcfl.argv"
 if [ "${STANDIN_MODE:-}" = stall ]; then   # the watchdog: its note where the launcher said, then 137
-    printf 'hpcfl-stalled attempt=%s run=r1\n%s\n' "$HPCFL_ATTEMPT" "rank 1 stalled in phase train of round 7" \
+    printf 'hpcfl-stalled attempt=%s run=r1\n%s\n' "$HPCFL_ATTEMPT" "${STANDIN_STALL_TEXT:-rank 1 stalled in phase train of round 7}" \
         > "$HPCFL_STALL_NOTE"
     exit "${STANDIN_EXIT:-137}"
 fi

@@ -5,6 +5,7 @@ not, USR1 to the batch shell reaches the program, a launch whose ranks never sta
 Slurm's pmi2 plugin misread a line is started again (at most HPCFL_LAUNCH_RETRIES times)."""
 
 import os
+import re
 import resource
 import shutil
 import signal
@@ -303,3 +304,63 @@ def test_the_launcher_sleeps_while_srun_runs(stand):
     assert p.returncode == 0, p.output
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert cpu < 0.6, f"{cpu:.2f} s of CPU for a 3 s run"
+
+
+@pytest.mark.parametrize("code", [0, 2, 75])
+def test_a_run_that_ended_by_itself_is_not_launched_again_whatever_srun_printed(stand, code):
+    """pmi2's complaint on stderr, but the run finished (0), refused its input (2) or stopped with a
+    checkpoint (75): its own exit code stands, with no second launch."""
+    p = stand.run("requeue", STANDIN_PMI_NOISE=1, STANDIN_EXIT=code, SLURM_RESTART_COUNT=0)
+    assert p.returncode == code and calls(stand) == 1, p.output
+    assert "launching again" not in p.output
+
+
+def test_each_launch_has_its_own_attempt_token(stand):
+    """HPCFL_ATTEMPT = job.requeues.launch.pid.random, the launch counted from 0: a stall note names
+    the launch that wrote it."""
+    p = stand.run("cpu_only", STANDIN_PMI_MISREAD=1, STANDIN_EXIT=0, SLURM_RESTART_COUNT=3)
+    assert p.returncode == 0, p.output
+    first, second = (stand.dir / "srun.attempts").read_text().splitlines()
+    assert re.fullmatch(r"12345\.3\.0\.\d+\.\d+", first) and re.fullmatch(r"12345\.3\.1\.\d+\.\d+", second)
+    assert first.split(".")[3] == second.split(".")[3]          # the same batch shell
+
+
+def test_the_kept_srun_stderr_is_removed_at_the_end(stand):
+    tmp = stand.dir / "tmp"
+    tmp.mkdir()
+    p = stand.run("cpu_only", STANDIN_PMI_MISREAD=1, STANDIN_EXIT=0, SLURM_RESTART_COUNT=0, TMPDIR=tmp)
+    assert p.returncode == 0 and calls(stand) == 2, p.output
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_stop_with_a_note_is_a_plain_stop(stand):
+    """Exit 75 is the run's own checkpointed stop: requeued as such, not reported as a stall."""
+    out = stand.dir / "out"
+    out.mkdir()
+    p = stand.run("requeue", STANDIN_MODE="stall", STANDIN_EXIT=75, SLURM_RESTART_COUNT=0, OUT=out)
+    assert p.returncode == 75 and stand.argv("scontrol") == ["requeue", "12345"], p.output
+    assert "after the watchdog ended a stalled run" not in p.output
+
+
+def test_a_long_stall_note_is_cut_to_300_bytes(stand):
+    out = stand.dir / "out"
+    out.mkdir()
+    p = stand.run("requeue", STANDIN_MODE="stall", SLURM_RESTART_COUNT=0, OUT=out,
+                  STANDIN_STALL_TEXT="x" * 400)
+    assert p.returncode == 75, p.output
+    line = next(ln for ln in p.stdout.splitlines() if "after the watchdog ended a stalled run" in ln)
+    assert line.endswith(": " + "x" * 300)
+
+
+@pytest.mark.parametrize("name, value, example", [("MAX_REQUEUES", "10001", "5"), ("HPCFL_LAUNCH_RETRIES", "101", "2")])
+def test_a_count_out_of_range_is_told_its_range_and_an_example(stand, name, value, example):
+    p = stand.run("requeue", SLURM_RESTART_COUNT=0, **{name: value})
+    top = "10000" if name == "MAX_REQUEUES" else "100"
+    assert p.returncode == 2 and (f"hpcfl: {name}={value} is not a whole number from 0 to {top}; set it to one "
+                                  f"(e.g. {name}={example}) or unset it") in p.stderr, p.output
+
+
+def test_no_requeues_at_all_is_a_count(stand):
+    p = stand.run("requeue", STANDIN_EXIT=75, SLURM_RESTART_COUNT=0, MAX_REQUEUES=0)
+    assert p.returncode == 75 and stand.argv("scontrol") is None
+    assert "NOT FINISHED after 0 requeue(s) (MAX_REQUEUES=0)" in p.output
