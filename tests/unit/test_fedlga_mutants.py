@@ -254,3 +254,62 @@ def test_state_saves_and_restores_the_no_full_count():
 def test_transfer_counts_the_gradient_upload(proxy, expected):
     """full_grad and last_grad upload one more P-vector per client; the update-based proxies nothing."""
     assert LgaRule(LgaOptions(grad_proxy=proxy), 3).transfer() == expected
+
+
+# ---------------------------------------------------------------------------------- the fused diag path
+@pytest.mark.parametrize("proxy,gg,ggd", [("raw_update", [2.0, 0.5], [4.0, 0.5]),
+                                          ("avg_update", [8.0, 2.0], [16.0, 2.0])])
+def test_fused_pack_rows(proxy, gg, ggd):
+    """diag fused: a complete client packs [p D | p]; a slow one [p g*g | p] and p g*g*D, with g = D
+    (raw_update) or D / (lr S) (avg_update; lr 0.5, S 1); the buffer entry (9) is never packed."""
+    rule, ctx = LgaRule(LgaOptions(hessian="diag", grad_proxy=proxy), 2), make_ctx([3, 1], [3, 4])
+    assert not rule.hold(ctx, 0) and not rule.hold(ctx, 1)
+    full = rule.pack(ctx, 0, 0, result([1.0, -2.0, 9.0], 3), 2.0)
+    assert list(full) == ["lga_full"] and full["lga_full"].tolist() == [2.0, -4.0, 2.0]
+    slow = rule.pack(ctx, 1, 1, result([2.0, 1.0, 9.0], 1), 0.5)
+    assert slow["lga_gg"].tolist() == gg + [0.5] and slow["lga_ggd"].tolist() == ggd
+
+
+# five clients: one slow that ran (1 of 5), one that did not report (0 of 5), three complete
+FUSED_S, FUSED_FULL = [5, 1, 0, 3, 1], [5, 5, 5, 3, 1]
+SEG = {"lga_full": np.array([1.0, 2.0, 0.5]), "lga_gg": np.array([3.0, 1.0, 0.5]), "lga_ggd": np.array([1.0, 2.0])}
+
+
+@pytest.mark.parametrize("normalize,expected", [(True, [-4.0, 0.0, 3.0]), (False, [-8.0, 0.0, 6.0])])
+def test_fused_correction_from_the_segments(normalize, expected):
+    """C_pseudo, lam 2: Dbar = [1, 2] / 0.5 = [2, 4], correction lam (-gg * Dbar + ggd) = 2 ([-6, -4] +
+    [1, 2]) = [-10, -4], divided by the weight sum 2 when normalizing, added to FedAvg's mean of
+    delta_sum = [2, 4, 6] (the buffer entry is not corrected); one slow client counted as corrected."""
+    rule, ctx = LgaRule(LgaOptions(hessian="diag", lam=2.0), 2, normalize=normalize), make_ctx(FUSED_S, FUSED_FULL)
+    rule.release(ctx, [])
+    assert rule.round_records(ctx)["time_lga"] == 0.0 and ctx.collective.sums == []
+    out = rule.aggregate(np.array([2.0, 4.0, 6.0]), {"weight": 2.0}, SEG)
+    assert np.array_equal(out, expected)
+    rec = rule.round_records(ctx)
+    assert 0.0 < rec.pop("time_lga") < 1.0
+    assert rec == {"lga_no_full": 0, "lga_no_full_rounds": 0, "lga_corrected": 1}
+    rule.server_update(ctx, None, None)
+    assert rule.no_full_rounds == 0
+
+
+def test_fused_round_without_a_complete_client():
+    """Slow clients reported (gg weight 0.5) but no complete one: no correction, the round flagged,
+    nothing counted as corrected, and server_update counts it."""
+    rule, ctx = LgaRule(LgaOptions(hessian="diag"), 2), make_ctx(FUSED_S, FUSED_FULL)
+    rule.release(ctx, [])
+    seg = dict(SEG, lga_full=np.zeros(3))
+    assert np.array_equal(rule.aggregate(np.array([2.0, 4.0, 6.0]), {"weight": 2.0}, seg), [1.0, 2.0, 3.0])
+    rec = rule.round_records(ctx)
+    assert 0.0 <= rec.pop("time_lga") < 1.0
+    assert rec == {"lga_no_full": 1, "lga_no_full_rounds": 0, "lga_corrected": 0}
+    rule.server_update(ctx, None, None)
+    assert rule.round_records(ctx)["lga_no_full_rounds"] == 1
+
+
+def test_fused_round_without_clients_is_not_flagged():
+    """Neither complete nor slow rows (both weights 0): a zero correction and no 'no complete client' flag."""
+    rule, ctx = LgaRule(LgaOptions(hessian="diag"), 2), make_ctx([5], [5])
+    rule.release(ctx, [])
+    seg = {"lga_full": np.zeros(3), "lga_gg": np.zeros(3), "lga_ggd": np.zeros(2)}
+    assert np.array_equal(rule.aggregate(np.array([2.0, 4.0, 6.0]), {"weight": 2.0}, seg), [1.0, 2.0, 3.0])
+    assert rule.round_records(ctx)["lga_no_full"] == 0
