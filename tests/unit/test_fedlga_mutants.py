@@ -94,6 +94,22 @@ def test_correct_gradient_proxy_clip_keeps_the_gradient_direction():
     assert a == 5.0 and np.array_equal(new, [5.0, 2.0])
 
 
+@pytest.mark.parametrize("bound", [{"alpha_min": 1.0}, {"alpha_max": 1.0}])
+def test_correct_gradient_proxy_alpha_on_the_bound_is_not_clipped(bound):
+    """last_grad with corr orthogonal to D (D = [1, 0], Dbar = [0, -1], g = [0, 1]: v = [1, 1], g . v = 1,
+    corr = [0, 1]) has alpha exactly 1; a bound at 1 leaves it alone (clipping would scale corr by 0 / 0)."""
+    opts = LgaOptions(grad_proxy="last_grad", **bound)
+    new, a = correct(np.array([1.0, 0.0]), 2, 5, np.array([0.0, -1.0]), 0.5, opts, grad=np.array([0.0, 1.0]))
+    assert a == 1.0 and np.array_equal(new, [1.0, 1.0])
+
+
+def test_correct_diag_clip_of_a_zero_update():
+    """diag + corr_clip_ratio on D = 0: correction 0 of norm 0 at a cap of 0 is left alone (no 0 / 0)."""
+    opts = LgaOptions(hessian="diag", corr_clip_ratio=0.5)
+    new, a = correct(np.zeros(3), 2, 5, np.array([1.0, 2.0, 3.0]), 0.5, opts)
+    assert np.array_equal(new, np.zeros(3)) and math.isnan(a)
+
+
 @pytest.mark.parametrize("ratio,expected", [(0.5, [3.0, 0.0, 0.0]), (4.0, [10.0, 0.0, 0.0]),
                                             (0.25, [2.5, 0.0, 0.0])])
 def test_correct_diag_clip_ratio(ratio, expected):
