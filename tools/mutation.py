@@ -89,7 +89,8 @@ SCOPES = {
                     "tests/unit/test_nova_diag_mutants.py", "tests/unit/test_variates_mutants.py",
                     "tests/unit/test_tau_control.py", "tests/unit/test_gift_engine.py",
                     "tests/unit/test_fedlga.py", "tests/unit/test_fedlga_grad.py",
-                    "tests/unit/test_gift_mutants.py", "tests/unit/test_fedlga_grad_mutants.py"]),
+                    "tests/unit/test_gift_mutants.py", "tests/unit/test_fedlga_grad_mutants.py",
+                    "tests/unit/test_fedlga_mutants.py"]),
 }
 
 # what survives the scratch copy: the tracked and untracked-but-not-ignored files
