@@ -87,6 +87,21 @@ def test_without_proc_paths_and_where_use_the_path(tmp_path):
         h.close()
 
 
+def test_without_proc_where_is_the_path_even_after_a_move(tmp_path):
+    """Without /proc, where() is the path the run was given, not asked of the kernel (it cannot be)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    h = HeldDir(ck)
+    try:
+        ck.rename(tmp_path / "moved")
+        assert h.where() == str(tmp_path / "moved")
+        h.proc = False
+        assert h.where() == str(ck)
+        assert h.at("a.h5") == ck / "a.h5"
+    finally:
+        h.close()
+
+
 def test_where_says_an_unknown_place_when_the_kernel_cannot_name_it(tmp_path, monkeypatch):
     """If readlink on the descriptor fails, where() says 'an unknown place' (the message still goes out)."""
     h = HeldDir(tmp_path)

@@ -273,6 +273,23 @@ def test_discard_removes_a_name_in_the_given_folder(tmp_path, monkeypatch):
     assert (tmp_path / "t").read_bytes() == b"cwd"
 
 
+def test_read_small_opens_without_blocking_or_following(tmp_path, monkeypatch):
+    """read_small opens read-only with O_NONBLOCK (a planted FIFO must not hang the run) and O_NOFOLLOW."""
+    flags = []
+    real = os.open
+
+    def spy(path, f, *a, **k):
+        flags.append(f)
+        if not f & os.O_NONBLOCK:
+            raise AssertionError("a blocking open of a FIFO would hang here")
+        return real(path, f, *a, **k)
+    monkeypatch.setattr(safefs.os, "open", spy)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(HpcflError, match=rf"^{re.escape(str(tmp_path))}/fifo is not a regular file; remove it$"):
+        safefs.read_small(tmp_path / "fifo")
+    assert flags == [os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW]
+
+
 def test_read_small_refuses_a_link_by_name(tmp_path):
     """A link at a marker's name is refused naming the path and the fix."""
     (tmp_path / "real").write_text("pid")
