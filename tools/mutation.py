@@ -61,7 +61,8 @@ SCOPES = {
             "tests/unit/test_rundir.py", "tests/unit/test_resume_check.py",
             "tests/unit/test_results_writer_edges.py", "tests/unit/test_results_last_writes.py",
             "tests/unit/test_results_reader.py", "tests/unit/test_results_reader_damaged.py",
-            "tests/unit/test_export.py"]),
+            "tests/unit/test_export.py",
+            "tests/unit/test_heldir_mutants.py", "tests/unit/test_safefs_mutants.py"]),
     # the list: resume, run control, the watchdog, placement (the round loop itself is
     # covered bitwise by the MPI suite, which mutmut cannot run)
     "engine": (["hpcfl/engine/resume.py", "hpcfl/engine/control.py", "hpcfl/engine/watchdog.py",
