@@ -7,6 +7,8 @@ the quotas and sizes against hand-computed cases, and the drawn rows against a o
 reference loop of the documented rule (window of the (seed, class) permutation at the hashed start).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -291,3 +293,33 @@ def test_own_pairs_empty():
     assert sizes.dtype == sample.dtype == client.dtype == np.int64
     sizes, sample, client = ct.own_test_pairs(([], []))
     assert sizes.tolist() == [0, 0] and sample.size == 0 and sample.dtype == np.int64
+
+
+def test_window_offsets_wrap_silently():
+    """The 64-bit products wrap by design: no overflow warning escapes, even with warnings as errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(over="warn"):
+            got = ct.window_offsets(7, np.arange(3), 3, 1000)
+    assert got.tolist() == [688, 365, 229]
+
+
+def test_quotas_ties_to_the_lower_class_among_many():
+    """Over 40 classes with many equal remainders the rows left go to the lowest tied classes (a stable rank)."""
+    r = np.random.default_rng(0)
+    counts = r.integers(1, 4, size=(1, 40))
+    m = 40
+    q = counts[0] * m / counts.sum()
+    floor = [int(v) for v in q]
+    rest = m - sum(floor)
+    ranked = sorted(range(40), key=lambda j: -(q[j] - floor[j]))   # Python's sort is stable
+    want = [f + (ranked.index(j) < rest) for j, f in enumerate(floor)]
+    got = ct.quotas(counts, np.array([m]), np.full(40, 999))
+    assert got[0].tolist() == want and sum(want) == m
+
+
+def test_pairs_single_training_sample():
+    """One training sample in all: n_train = 1, so that client's share is the whole test set (6 rows)."""
+    sizes, sample, client = ct.client_test_pairs(np.zeros(6, np.int64), np.array([[1], [0]]), 0, 0)
+    assert sizes.tolist() == [6, 0]
+    assert sample.tolist() == [0, 1, 2, 3, 4, 5] and client.tolist() == [0] * 6
