@@ -126,8 +126,9 @@ def client_test_pairs(y_test: np.ndarray, class_counts: np.ndarray, seed: int,
     k = quotas(counts, m, available)
     sizes = k.sum(axis=1).astype(np.int64)
     total = int(sizes.sum())
-    # 32-bit rows and positions where they fit: half the memory to fill (10M pairs at 1M clients)
-    idx = np.int32 if max(total, y.size) < 2 ** 31 else np.int64
+    # 32-bit rows and positions where they fit: half the memory to fill (10M pairs at 1M clients);
+    # a position reaches almost twice its class's size before it wraps (below), hence 2 * y.size
+    idx = np.int32 if max(total, 2 * y.size) < 2 ** 31 else np.int64
     rows = np.empty(total, dtype=idx)          # each pair's test row, class after class
     who = np.empty(total, dtype=np.int64)      # its client, ascending within a class
     at = 0
