@@ -125,6 +125,16 @@ def test_random_slots_exact_grid():
         [2, 0], [2, 3], [0, 1], [0, 3], [2, 1]]
 
 
+def test_random_slots_three_per_client_exact():
+    """P = 3: a row already distinct is left alone (the repair only touches repeated classes)."""
+    grids = [_random_slots(4, 3, 5, np.random.default_rng(s)).tolist() for s in range(3)]
+    assert grids == [
+        [[3, 4, 2], [4, 0, 1], [0, 3, 1], [4, 2, 3]],
+        [[3, 1, 2], [0, 3, 2], [1, 4, 0], [4, 1, 2]],
+        [[4, 2, 1], [3, 2, 0], [4, 1, 3], [1, 0, 3]],
+    ]
+
+
 def test_random_slots_extra_classes_distinct():
     """The (K*P) mod C extra slots are distinct classes, so every class appears 1 or 2 times."""
     for seed in range(20):
