@@ -130,14 +130,12 @@ def test_dirichlet_min_samples_reached_exactly():
 
 
 def test_dirichlet_full_client_spreads_to_open_ones():
-    """Tiny alpha: once a client is at the N/K cap, a class whose mass fell on it goes to the open client."""
-    y = np.repeat([0, 1], 5)
-    got = [lists(dirichlet(y, 2, DirichletOptions(alpha=1e-3, min_samples=0), s)) for s in range(3)]
-    assert got == [
-        [[5, 6, 7, 8, 9], [0, 1, 2, 3, 4]],
-        [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]],
-        [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]],
-    ]
+    """Tiny alpha, cap 4: class 1's mass on the full client is spread evenly (3/3) over the two open ones."""
+    y = np.repeat([0, 1], 6)
+    opts = DirichletOptions(alpha=1e-3, min_samples=0)
+    assert lists(dirichlet(y, 3, opts, 2)) == [[7, 10, 11], [0, 1, 2, 3, 4, 5], [6, 8, 9]]
+    assert lists(dirichlet(y, 3, opts, 5)) == [[8, 9, 11], [0, 1, 2, 3, 4, 5], [6, 7, 10]]
+    assert lists(dirichlet(y, 3, opts, 0)) == [[6, 7, 8, 9, 10, 11], [], [0, 1, 2, 3, 4, 5]]
 
 
 # ------------------------------------------------------------------------ longtail
@@ -207,6 +205,20 @@ def test_dirichlet_client_exhausts_pools_exactly():
         [[8, 9, 10, 11], [0, 4, 6, 7], [1, 2, 3, 5]],
         [[0, 1, 2, 3], [8, 9, 10, 11], [4, 5, 6, 7]],
     ]
+
+
+def test_dirichlet_client_redraws_over_classes_left():
+    """alpha 1e-3, classes of 5, 4, 4: a client whose class ran out (or has 1 left) redraws over the rest."""
+    y = np.repeat(np.arange(3), [5, 4, 4])
+    opts = DirichletClientOptions(1e-3)
+    got = {s: lists(dirichlet_client(y, 3, opts, s)) for s in (4, 5, 12, 13, 17)}
+    assert got == {
+        4: [[0, 1, 2, 4], [9, 10, 11, 12], [3, 6, 7, 8]],
+        5: [[1, 2, 3, 4], [5, 6, 7, 8], [0, 9, 11, 12]],
+        12: [[9, 10, 11, 12], [1, 2, 3, 4], [0, 5, 6, 8]],
+        13: [[0, 1, 2, 3], [4, 5, 6, 9], [7, 8, 10, 11]],
+        17: [[5, 6, 7, 8], [0, 4, 11, 12], [1, 2, 3, 9]],
+    }
 
 
 def test_dirichlet_client_uneven_n():
