@@ -79,7 +79,8 @@ SCOPES = {
               "tests/unit/test_client_eval_natural.py", "tests/unit/test_data_get.py",
               "tests/unit/test_data_get_hostile.py",
               "tests/unit/test_fetch_mutants.py", "tests/unit/test_fetch_mutants_get.py",
-              "tests/unit/test_client_test_mutants.py"]),
+              "tests/unit/test_client_test_mutants.py",
+              "tests/unit/test_partition_mutants.py", "tests/unit/test_partition_labels_mutants.py"]),
     # FedNova is server.py's NovaRule (+ nova_diag.py), SCAFFOLD variates.py, GIFT's controller gift.py
     "algorithms": (["hpcfl/algorithms/protocol.py", "hpcfl/algorithms/server.py",
                     "hpcfl/algorithms/nova_diag.py", "hpcfl/algorithms/variates.py",
