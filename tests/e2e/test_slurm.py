@@ -83,6 +83,8 @@ empty_note) : > "$HPCFL_STALL_NOTE"; exit 137 ;;
 fifo_note) mkfifo "$HPCFL_STALL_NOTE"; exit 137 ;;
 foreign_note) printf 'hpcfl-stalled attempt=%s run=r1\nrank 0 stalled\n' "other.$HPCFL_ATTEMPT" > "$HPCFL_STALL_NOTE"
     exit 137 ;;
+link_note) printf 'hpcfl-stalled attempt=%s run=r1\nrank 0 stalled\n' "$HPCFL_ATTEMPT" > "$STANDIN_DIR/elsewhere"
+    ln -s "$STANDIN_DIR/elsewhere" "$HPCFL_STALL_NOTE"; exit 137 ;;
 esac
 printf '%s\n' "${OMP_NUM_THREADS-unset}" > "$STANDIN_DIR/omp"
 if [ "${STANDIN_MODE:-}" = wait_usr1 ]; then

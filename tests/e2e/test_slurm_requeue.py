@@ -93,10 +93,11 @@ def test_a_stale_or_planted_note_never_turns_a_crash_into_a_requeue(stand, where
     assert note.exists() == (where != ".hpcfl-stalled")
 
 
-@pytest.mark.parametrize("mode", ["empty_note", "fifo_note", "foreign_note"])
+@pytest.mark.parametrize("mode", ["empty_note", "fifo_note", "foreign_note", "link_note"])
 def test_a_note_left_during_the_run_that_is_not_this_launchs_is_no_stall(stand, mode):
     """Written while the job ran, so not removed at its start: an empty file, a FIFO (reading it would
-    block the batch script for ever) or another launch's note. The 137 stays a crash."""
+    block the batch script for ever), another launch's note, or a link (to a note with the right words:
+    a link is never followed). The 137 stays a crash."""
     out = stand.dir / "out"
     out.mkdir()
     p = stand.run("requeue", STANDIN_MODE=mode, SLURM_RESTART_COUNT=0, OUT=out)
