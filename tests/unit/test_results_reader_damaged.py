@@ -202,3 +202,24 @@ def test_a_stored_model_that_lacks_a_parameter_is_refused(tmp_path, plugin):
     with pytest.raises(HpcflError, match=rf"^the stored model does not fit {name}:tiny: missing \['1.bias'\], "
                                          r"unexpected \[\]$"):
         res.model()
+
+
+# ---- /client_eval ---------------------------------------------------------------------------------------
+
+def test_per_client_evaluation_reads_back_with_its_units_and_a_live_one_is_cut(tmp_path):
+    """/client_eval (run.eval_clients) read back with units, whole or lazily; while the writer has
+    it open with one column a row ahead, cut to the shortest like /metrics."""
+    path = tmp_path / "results.h5"
+    w = ResultsWriter(path, ATTRS, np.ones((2, 3), dtype=np.int64), client_eval=True)
+    w.append_round(*row(1))
+    w.append_client_eval(1, np.array([0.5, 0.25]), np.array([1.0, 2.0]), np.array([4, 8]))
+    w.file["client_eval/loss"].resize((3,))
+    w.file.flush()
+    for res in (load(path), load(path, lazy=True)):
+        ce = res.client_eval
+        assert list(ce["round"]) == [1, 1] and list(ce["client"]) == [0, 1] and len(ce["loss"]) == 2
+        assert list(ce["accuracy"]) == [0.5, 0.25] and list(ce["samples"]) == [4, 8]
+        assert res.units["client_eval"]["samples"] == "samples" and res.units["client_eval"]["loss"] == "loss"
+    w.close()
+    with pytest.raises(h5check.BadFile, match=rf"^{path}: the columns of /client_eval have different lengths"):
+        load(path)
