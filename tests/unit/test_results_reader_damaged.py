@@ -223,3 +223,52 @@ def test_per_client_evaluation_reads_back_with_its_units_and_a_live_one_is_cut(t
     w.close()
     with pytest.raises(h5check.BadFile, match=rf"^{path}: the columns of /client_eval have different lengths"):
         load(path)
+
+
+# ---- /segments -------------------------------------------------------------------------------------------
+
+def _strings_set(name, values):
+    def edit(f, t):
+        del f[name]
+        f.create_dataset(name, data=np.array(values, dtype=object), dtype=h5py.string_dtype())
+    return edit
+
+
+SEGMENT_DAMAGE = {   # name: (edit, words after the path)
+    "a_dataset": (_replace_with("segments", _dataset), ": /segments is not a group"),
+    "column_a_group": (_replace_with("segments/world_size", _group), ": /segments/world_size is not a dataset"),
+    "uneven": (lambda f, t: (f.__delitem__("segments/world_size"),
+                             f["segments"].create_dataset("world_size", data=np.array([1, 1]))),
+               ": the columns of /segments have different lengths"),
+    "devices_not_json": (_strings_set("segments/devices", [b"[cpu"]), ": the /segments/devices attribute is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEGMENT_DAMAGE))
+def test_damaged_segments_are_refused_naming_the_file_first(good, tmp_path, name):
+    edit, words = SEGMENT_DAMAGE[name]
+    path = crafted(good, tmp_path, name, edit)
+    with pytest.raises(h5check.BadFile) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path}{words}"), str(info.value)
+
+
+def test_segment_text_that_is_empty_or_not_utf8_still_reads(good, tmp_path):
+    """An empty devices entry stays empty (not parsed as JSON); bytes that are no UTF-8 in the free
+    text column read as U+FFFD instead of failing the whole file."""
+    path = crafted(good, tmp_path, "odd", lambda f, t: (_strings_set("segments/devices", [b""])(f, t),
+                                                         _strings_set("segments/started", [b"\xff2026"])(f, t)))
+    seg, = load(path).segments
+    assert seg["devices"] == "" and seg["started"] == "\ufffd2026" and seg["versions"] == {"hpcfl": "t"}
+
+
+def test_a_file_older_than_segments_gives_its_one_start_from_the_root_attributes(good, tmp_path):
+    old = crafted(good, tmp_path, "old", lambda f, t: (f.__delitem__("segments"),
+                                                       f.attrs.__setitem__("resumed_at_round", 2)))
+    seg, = load(old).segments
+    assert seg == {"start_round": 3, "world_size": 1, "devices": ["cpu"], "versions": {"hpcfl": "t"}, "started": ""}
+    with h5py.File(old, "r") as f:
+        assert reader.read_segments(f, old)[0]["devices"] == '["cpu"]'      # the root attributes read here
+    bad = crafted(old, tmp_path, "oldbad", lambda f, t: f.attrs.__setitem__("x", np.zeros(2)))
+    with h5py.File(bad, "r") as f, pytest.raises(h5check.BadFile, match=f"^{bad}: attribute 'x' is an array"):
+        reader.read_segments(f, bad)
