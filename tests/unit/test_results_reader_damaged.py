@@ -272,3 +272,6 @@ def test_a_file_older_than_segments_gives_its_one_start_from_the_root_attributes
     bad = crafted(old, tmp_path, "oldbad", lambda f, t: f.attrs.__setitem__("x", np.zeros(2)))
     with h5py.File(bad, "r") as f, pytest.raises(h5check.BadFile, match=f"^{bad}: attribute 'x' is an array"):
         reader.read_segments(f, bad)
+    text = crafted(old, tmp_path, "oldtext", lambda f, t: f.attrs.__setitem__("resumed_at_round", "two"))
+    with pytest.raises(h5check.BadFile, match=f"^{text}: attribute 'resumed_at_round' = 'two' is not an integer"):
+        load(text)
