@@ -8,7 +8,8 @@ TORCH ?= torch==2.13.0
 # site's MPI is not shadowed (README: "On a cluster").
 EXTRAS ?= test,mpich
 MPIEXEC ?= mpiexec
-# mutation testing's scope (tools/mutation.py --list): parallel, io, engine, data, algorithms, or all
+# mutation testing's scope (tools/mutation.py --list): parallel, io, engine, data, algorithms, or all;
+# srun: slurm/hpcfl_srun.sh through tools/mutation_shell.py (mutmut mutates Python only)
 SCOPE ?= parallel
 PYTEST_MPI = $(PY) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
@@ -37,5 +38,6 @@ bench:
 
 # Mutation testing (docs/testing.md): mutmut on one scope's modules with its unit tests, in a scratch
 # copy; prints the score per module and each surviving mutant's diff. Not part of `make test`.
+# The launcher's tests mostly wait on sleeps, so its scope runs 8 pytest workers on any core count.
 mutation:
-	$(PY) tools/mutation.py $(SCOPE)
+	$(if $(filter srun,$(SCOPE)),$(PY) tools/mutation_shell.py -n 8 --timeout 300,$(PY) tools/mutation.py $(SCOPE))
