@@ -196,8 +196,17 @@ def test_the_limits_from_the_environment_are_checked(tmp_path, blob, capsys, mon
     assert rc == 2 and "HPCFL_DATA_STALL_S='soon' is not a positive number of seconds" in err
 
 
+@pytest.fixture
+def ctrl_c_default():
+    """Python's own Ctrl-C handler for the test, whatever the suite inherited: a suite started in the
+    background (``nohup ... &``) inherits SIGINT ignored, and Python then leaves it ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.timeout(30)
-def test_ctrl_c_ends_with_one_line_and_keeps_a_prefix_to_resume(tmp_path, blob, capsys):
+def test_ctrl_c_ends_with_one_line_and_keeps_a_prefix_to_resume(tmp_path, blob, capsys, ctrl_c_default):
     root = tmp_path / "data"
     part = root / fetch.SCRATCH / PART
     assert threading.current_thread() is threading.main_thread()   # where Python raises KeyboardInterrupt
