@@ -8,22 +8,12 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from test_control_mutants import Stream
+from test_watchdog import Clock, Comm
 
 from hpcfl.engine import watchdog
 from hpcfl.engine.watchdog import PAUSE_GAP_S, Limits, Watchdog, remembered_rounds
 from hpcfl.parallel.exits import EXIT_RESUMABLE
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
-
-class Comm:
-    rank, size = 1, 2
 
 
 def dog(limits=None, **kw):
@@ -227,16 +217,6 @@ def test_stop_from_the_watching_thread_itself_does_not_join_it():
     w.stop()
     assert w._stopped.is_set()
 
-
-class Stream:
-    def __init__(self):
-        self.events = []
-
-    def write(self, text):
-        self.events.append(("write", text))
-
-    def flush(self):
-        self.events.append(("flush",))
 
 
 class Aborted(Exception):
