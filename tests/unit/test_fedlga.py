@@ -319,43 +319,52 @@ sub.__path__ = [str(pathlib.Path(hpcfl.__file__).parent / "algorithms")]
 sys.modules["hpcfl.algorithms"] = sub
 from hpcfl.algorithms.fedlga import LgaOptions, correct
 
-best = {"rank1": [], "diag": []}
+
+def reference(d, dbar):
+    # a known O(n) kernel with correct's memory traffic: three fresh (n,) arrays, one dot product
+    v = 0.5 * d
+    v += dbar
+    g = d / 0.02
+    return g * float(g @ v)
+
+
+cost = {"rank1": [], "diag": []}
 for n in (10**5, 10**6, 10**7):
     dbar = np.random.default_rng(0).random(n)
-    clients = [0.7 * dbar] * 5
-    for h in best:
-        opts, times = LgaOptions(hessian=h), []
-        for rep in range(3):
-            t = time.perf_counter()
-            for i, d in enumerate(clients):
-                correct(d, 2 + i % 3, 5, dbar, 0.01, opts)   # five slow clients: S = 2, 3, 4, 2, 3 of 5
-            times.append(time.perf_counter() - t)
-            if n == 10**7 and min(times) <= 20 * best[h][-1]:
-                break
-        best[h].append(min(times))
-json.dump(best, sys.stdout)
+    d = 0.7 * dbar
+    for h in cost:
+        opts, pairs = LgaOptions(hessian=h), []
+        for k in range(25):      # slow clients: S = 2, 3, 4 of 5
+            t0 = time.perf_counter()
+            reference(d, dbar)
+            t1 = time.perf_counter()
+            correct(d, 2 + k % 3, 5, dbar, 0.01, opts)
+            pairs.append((time.perf_counter() - t1) / (t1 - t0))
+        cost[h].append(float(np.median(pairs)))
+json.dump(cost, sys.stdout)
 """
 
 
 @pytest.mark.timing
 def test_A7_correction_is_linear_in_time():
-    """Five slow clients corrected at n = 1e5, 1e6, 1e7 (best of 3), both hessian modes: each 10x step in n
-    costs <= 20x the time (an n x n operator would cost 100x).
+    """The spec's law (each 10x step in n costs <= 20x time; an n x n operator costs 100x) at n = 1e5, 1e6,
+    1e7, both hessian modes, with time measured in units of a known O(n) kernel of the same memory traffic.
 
-    The cost of ``correct`` is the memory it touches: four fresh (n,) arrays a call. In a long-lived process
-    glibc's dynamic mmap threshold decides, by the process's history, whether such an array reuses warm heap
-    memory or faults in new pages, and a 1e5 call from warm memory against a faulting 1e6 call measured
-    100x here. So the timing runs in its own interpreter with the threshold pinned at 128 KiB (every size
-    allocates alike) and one BLAS thread (on two busy cores, OpenBLAS's thread hand-offs in the dot products
-    cost 10x the work at 1e5). The five clients share one update (the values do not change the cost). The
-    1e7 repeats stop once one meets the bound: the best of 3 could only be lower, so the verdict is the
-    best-of-3 verdict."""
+    Raw wall-clock ratios are not a property of ``correct`` on a shared machine: the kernel alone measured
+    7x for 1e5 -> 1e6 (1e5 fits in cache) and 14-23x for 1e6 -> 1e7 under another test worker's memory
+    traffic, and the raw law failed CI once at 30x. So each of 25 corrections is timed right after one call
+    of the reference kernel, the pair's ratio taken, and the median kept: load that slows both alike cancels,
+    a spike falls out of the median. The law becomes: the median cost in kernel units grows <= 2x per 10x
+    step in n (which is the spec's 20x where the kernel scales 10x). Measured here: 0.8-1.1x, idle or beside
+    two memory-bound processes; with one extra O(n) pass per 1e5 elements (n^2 / 1e5 work) it is 2.8x.
+    One BLAS thread (OpenBLAS's thread hand-offs dominate a 1e5 dot product on two busy cores); glibc's
+    mmap threshold pinned at 128 KiB so every size allocates alike, whatever the process's history."""
     env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072", "OPENBLAS_NUM_THREADS": "1",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", A7_TIMING], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-c", A7_TIMING], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    for h, (t5, t6, t7) in json.loads(out.stdout).items():
-        assert t6 <= 20 * t5 and t7 <= 20 * t6, (h, t5, t6, t7)
+    for h, (c5, c6, c7) in json.loads(out.stdout).items():
+        assert c6 <= 2 * c5 and c7 <= 2 * c6, (h, c5, c6, c7)
 
 
 @pytest.mark.parametrize("hessian", ["rank1", "diag"])
