@@ -10,6 +10,7 @@
 
 import shutil
 import struct
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -134,6 +135,8 @@ DAMAGE = {   # name: (edit, reader call, words after the path)
                          " has no config attribute, so it is not an hpcfl results file"),
     "diverged_attr_array": (lambda f, t: f.attrs.__setitem__("x", np.zeros(2)), reader.diverged_round,
                             ": attribute 'x' is an array"),
+    "metric_a_group": (_replace_with("metrics/train_loss", _group), load, ": /metrics/train_loss is not a dataset"),
+    "no_round_column": (lambda f, t: f.__delitem__("metrics/round"), load, ": /metrics/round is missing"),
 }
 
 
@@ -275,3 +278,61 @@ def test_a_file_older_than_segments_gives_its_one_start_from_the_root_attributes
     text = crafted(old, tmp_path, "oldtext", lambda f, t: f.attrs.__setitem__("resumed_at_round", "two"))
     with pytest.raises(h5check.BadFile, match=f"^{text}: attribute 'resumed_at_round' = 'two' is not an integer"):
         load(text)
+
+
+def test_a_file_older_than_segments_without_its_run_attributes_starts_at_round_1_on_no_known_ranks(good, tmp_path):
+    """No resumed_at_round, world_size, devices or versions at the root: one segment from round 1, world
+    size 0 (not known), devices "[]" and versions "{}" (JSON text, as the /segments column holds it); a
+    world_size that is no integer is refused naming the file."""
+    bare = crafted(good, tmp_path, "bare", lambda f, t: (f.__delitem__("segments"), *(
+        f.attrs.__delitem__(k) for k in ("world_size", "devices", "versions") if k in f.attrs)))
+    with h5py.File(bare, "r") as f:
+        assert "resumed_at_round" not in f.attrs
+        assert reader.read_segments(f, bare) == [
+            {"start_round": 1, "world_size": 0, "devices": "[]", "versions": "{}", "started": ""}]
+    text = crafted(bare, tmp_path, "bare_text", lambda f, t: f.attrs.__setitem__("world_size", "two"))
+    with h5py.File(text, "r") as f, pytest.raises(
+            h5check.BadFile, match=f"^{text}: attribute 'world_size' = 'two' is not an integer$"):
+        reader.read_segments(f, text)
+
+
+# ---- units ---------------------------------------------------------------------------------------------------
+
+def test_units_read_as_text_whatever_their_storage_and_missing_or_unreadable_as_empty(good, tmp_path):
+    """A unit attribute stored as bytes is decoded (not "b's'"), bytes that are no UTF-8 read as U+FFFD,
+    a column without one has the unit "", and so has one whose attribute cannot be read."""
+    def edit(f, t):
+        f["metrics/train_loss"].attrs["unit"] = np.bytes_(b"nats")
+        f["metrics/test_loss"].attrs["unit"] = np.bytes_(b"n\xffts")
+        del f["metrics/test_accuracy"].attrs["unit"]
+    path = crafted(good, tmp_path, "units", edit)
+    for res in (load(path), load(path, lazy=True)):
+        units = res.units["metrics"]
+        assert (units["train_loss"], units["test_loss"], units["test_accuracy"]) == ("nats", "n\ufffdts", "")
+    class Unreadable:   # HDF5 raises OSError on an attribute message it cannot decode
+        class attrs:
+            @staticmethod
+            def get(name, default=None):
+                raise OSError("Unable to read attribute")
+    assert reader._unit(Unreadable()) == ""
+
+
+def test_a_file_another_process_holds_for_writing_opens_only_where_locking_is_off(tmp_path, monkeypatch):
+    """hpcfl.io.results.configure() turns locking off where a file system cannot lock; the reader must pass
+    that on: with a writer in another process holding the file, a locking open is refused (EAGAIN) and a
+    non-locking one reads it."""
+    path = tmp_path / "held.h5"
+    code = ("import h5py, sys, time\n"
+            f"f = h5py.File({str(path)!r}, 'w'); f.create_dataset('x', data=[1]); f.flush()\n"
+            "print('open', flush=True); sys.stdin.read()\n")
+    writer = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "open\n"
+        monkeypatch.setitem(reader.LOCKING, "locking", True)
+        with pytest.raises(h5check.BadFile, match=f"^{path} cannot be opened as HDF5 .*unable to lock file"):
+            reader.open_results(path)
+        monkeypatch.setitem(reader.LOCKING, "locking", False)
+        with reader.open_results(path) as f:
+            assert list(f["x"][:]) == [1]
+    finally:
+        writer.communicate("", timeout=30)
