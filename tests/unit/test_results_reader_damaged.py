@@ -321,6 +321,7 @@ def test_a_file_another_process_holds_for_writing_opens_only_where_locking_is_of
     """hpcfl.io.results.configure() turns locking off where a file system cannot lock; the reader must pass
     that on: with a writer in another process holding the file, a locking open is refused (EAGAIN) and a
     non-locking one reads it."""
+    monkeypatch.delenv("HDF5_USE_FILE_LOCKING", raising=False)   # a job run earlier in this worker may have set it
     path = tmp_path / "held.h5"
     code = ("import h5py, sys, time\n"
             f"f = h5py.File({str(path)!r}, 'w'); f.create_dataset('x', data=[1]); f.flush()\n"
