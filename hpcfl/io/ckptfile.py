@@ -28,8 +28,9 @@ File locking
 HDF5 locks files on open, and on filesystems without lock support (Lustre mounted
 without ``flock``, many NFS setups) the open fails with ``unable to lock file``.
 Call ``configure_locking(False)`` before the first save or load there: it sets
-``HDF5_USE_FILE_LOCKING=FALSE`` (read by HDF5 on every open in this process) and
-passes ``locking=False`` to ``h5py.File`` where h5py has that argument.
+``HDF5_USE_FILE_LOCKING=FALSE``, which processes started from here inherit, and passes
+``locking=False`` to ``h5py.File`` where h5py has that argument. That argument is what counts in
+this process: HDF5 (2.0 measured) reads the variable once, when the library starts.
 ``configure_locking(True)`` removes the variable again. Locking adds no safety
 here: one rank writes, and readers open only files renamed into place complete.
 """
