@@ -189,6 +189,34 @@ def test_usr1_is_forwarded_and_the_job_requeued(stand, name, stop_delay):
     assert "got USR1" in out
 
 
+def test_usr1_after_srun_ended_goes_to_no_process(stand):
+    """srun has ended and the launcher still waits for tee (here: 3 s after its input closed): a USR1
+    then is noted (the run is stopping) but sent nowhere. The ended srun's number is forgotten, so
+    it is never signalled (it may belong to another process by then)."""
+    tee = stand.dir / "bin" / "tee"
+    tee.write_text(f'#!/bin/bash\n{shutil.which("tee")} "$@"\ntouch "{stand.dir}/tee_drained"\nsleep 3\n')
+    tee.chmod(0o755)
+    env = stand.environ(STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
+    proc = subprocess.Popen(["bash", str(SLURM / "cpu_only.sbatch")], cwd=stand.dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (stand.dir / "tee_drained").exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "srun's stderr never closed"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "got USR1" in out and "No such process" not in out and "kill:" not in out, out
+    assert proc.returncode == 0 and "hpcfl: finished" in out, out
+    assert calls(stand) == 1
+
+
 # ---- a launch that failed in Slurm's pmi2 plugin ---------------------------------------------
 
 def calls(stand):

@@ -221,6 +221,17 @@ def test_dirichlet_client_redraws_over_classes_left():
     }
 
 
+def test_dirichlet_client_redraw_includes_a_class_with_one_sample_left():
+    """alpha 1e-3, classes of 1, 5, 2; seed 15: client 0's mix is all class 2, which it empties (2 of its 4),
+    and its uniform redraw is over classes 0 and 1, where class 0 has exactly one sample left: it takes it.
+    Dropping that class from the redraw gives [0, 2, 2]; counting classes with 2 left divides by the wrong
+    number (a probability vector that does not sum to 1, refused by numpy)."""
+    y = np.array([0, 1, 1, 1, 1, 1, 2, 2])
+    parts = dirichlet_client(y, 2, DirichletClientOptions(1e-3), 15)
+    assert lists(parts) == [[0, 3, 6, 7], [1, 2, 4, 5]]
+    assert [np.bincount(y[p], minlength=3).tolist() for p in parts] == [[1, 1, 2], [0, 4, 0]]
+
+
 def test_dirichlet_client_uneven_n():
     """13 samples, 3 clients: floor(13/3) = 4 each, the 13th sample unused (not given to client 1)."""
     y = np.repeat(np.arange(3), [5, 4, 4])
@@ -247,6 +258,20 @@ def test_quantity_skew_min_samples_equal_to_share_is_possible():
             "best smallest share was 4.4 samples): raise data.quantity_skew.alpha, lower "
             "data.quantity_skew.min_samples or data.num_clients")):
         quantity_skew(np.zeros(10, dtype=np.int64), 2, QuantitySkewOptions(min_samples=5, max_tries=1), 0)
+
+
+def test_quantity_skew_share_exactly_at_min_samples_is_accepted():
+    """One client: its share is all N = 5 samples, exactly min_samples = 5, accepted at the first draw
+    (min(p N) >= min_samples, not >)."""
+    assert lists(quantity_skew(np.zeros(5, dtype=np.int64), 1, QuantitySkewOptions(min_samples=5, max_tries=1), 0)) \
+        == [[0, 1, 2, 3, 4]]
+
+
+def test_quantity_skew_normalises_by_dividing_by_the_sum():
+    """alpha 1e30, seed 7: p = [0.5, 0.5] whose float sum is 1 - 2**-53. p / sum cuts 10 samples at
+    10 * 0.5000000000000001 -> 5 | 5; p * sum would cut at 4.999... -> 4 | 6."""
+    parts = quantity_skew(np.zeros(10, dtype=np.int64), 2, QuantitySkewOptions(alpha=1e30, min_samples=4, max_tries=1), 7)
+    assert lists(parts) == [[0, 1, 3, 7, 8], [2, 4, 5, 6, 9]]
 
 
 def test_quantity_skew_best_share_below_one():
