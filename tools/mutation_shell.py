@@ -17,6 +17,7 @@ as long as the script does, so the docs can cite them. Exit status 0 whatever th
 
 import argparse
 import difflib
+import os
 import re
 import shutil
 import subprocess
@@ -148,7 +149,7 @@ def run_tests(tree: Path, timeout: float, workers: int) -> str:
         cmd += ["-n", str(workers)]
     try:
         p = subprocess.run(cmd, cwd=tree, capture_output=True, timeout=timeout,
-                           env={**__import__("os").environ, "PYTHONPATH": str(tree)})
+                           env={**os.environ, "PYTHONPATH": str(tree)})
     except subprocess.TimeoutExpired:
         return "timeout"
     return "survived" if p.returncode == 0 else "killed"
