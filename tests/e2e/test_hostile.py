@@ -316,11 +316,20 @@ def test_ctrl_c_during_start_up_is_acknowledged_and_a_second_stops_at_once(tmp_p
     assert not out.exists()
     if ranks:
         return
-    p = start("run", job(tmp_path), "--out", str(out))
-    time.sleep(1.0)
+    # The second Ctrl-C must meet a start-up still going: set-up is held (the test hook sleeps in it),
+    # so the run cannot end first on its own. Measured: an unheld start-up can reach its stop 0.2 s after
+    # the first Ctrl-C on a quiet machine, and the second then found the run gone (exit 75).
+    stamp = tmp_path / "in_setup"
+    p = start("run", job(tmp_path), "--out", str(out),
+              env={"HPCFL_FAULT": "0:setup:0:hang", "HPCFL_FAULT_STAMP": str(stamp)})
+    deadline = time.monotonic() + 60
+    while not stamp.exists():
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.05)
     kill_group(p, signal.SIGINT)
     t = time.time()
-    time.sleep(0.2)
+    time.sleep(0.2)                       # the blocked start-up's own stop comes 3 s after the first at the soonest
     kill_group(p, signal.SIGINT)
-    p.communicate(timeout=60)
-    assert p.returncode == -signal.SIGINT and time.time() - t < 5
+    _, stderr = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGINT and time.time() - t < 2, (p.returncode, stderr)
+    assert stderr.count("SIGINT received") == 1 and "press Ctrl-C again to stop at once" in stderr
