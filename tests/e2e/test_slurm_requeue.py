@@ -161,21 +161,17 @@ def test_requeue_command_failing_is_reported(stand, name):
     assert "scontrol requeue failed" in p.output
 
 
-@pytest.mark.parametrize("stop_delay", [0, 0.5])
-@pytest.mark.parametrize("name", TEMPLATES)
-def test_usr1_is_forwarded_and_the_job_requeued(stand, name, stop_delay):
-    """sbatch --signal=B:USR1 signals only the batch shell: it must reach the program, and the
-    75 that follows must requeue. stop_delay: the program takes a while to checkpoint."""
-    env = stand.environ(STANDIN_MODE="wait_usr1", STANDIN_STOP_DELAY=stop_delay,
-                        SLURM_RESTART_COUNT=0)
-    proc = subprocess.Popen(["bash", str(SLURM / f"{name}.sbatch")], cwd=stand.dir, env=env,
+def usr1_once(stand, name, marker, never, **extra):
+    """(exit code, output) of template ``name`` sent USR1 once ``marker`` appears in the stand's folder;
+    ``never``: the failure if it does not within 10 s."""
+    proc = subprocess.Popen(["bash", str(SLURM / f"{name}.sbatch")], cwd=stand.dir, env=stand.environ(**extra),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while not (stand.dir / "ready").exists():
+        while not (stand.dir / marker).exists():
             assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "stand-in program never started"
+            assert time.monotonic() < deadline, never
             time.sleep(0.02)
         os.kill(proc.pid, signal.SIGUSR1)  # the batch shell, as Slurm does with B:
         out, _ = proc.communicate(timeout=15)
@@ -183,8 +179,18 @@ def test_usr1_is_forwarded_and_the_job_requeued(stand, name, stop_delay):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("stop_delay", [0, 0.5])
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_usr1_is_forwarded_and_the_job_requeued(stand, name, stop_delay):
+    """sbatch --signal=B:USR1 signals only the batch shell: it must reach the program, and the
+    75 that follows must requeue. stop_delay: the program takes a while to checkpoint."""
+    code, out = usr1_once(stand, name, "ready", "stand-in program never started",
+                          STANDIN_MODE="wait_usr1", STANDIN_STOP_DELAY=stop_delay, SLURM_RESTART_COUNT=0)
     assert (stand.dir / "got_usr1").exists(), out
-    assert proc.returncode == 75, out
+    assert code == 75, out
     assert stand.argv("scontrol") == ["requeue", "12345"]
     assert "got USR1" in out
 
@@ -196,24 +202,10 @@ def test_usr1_after_srun_ended_goes_to_no_process(stand):
     tee = stand.dir / "bin" / "tee"
     tee.write_text(f'#!/bin/bash\n{shutil.which("tee")} "$@"\ntouch "{stand.dir}/tee_drained"\nsleep 3\n')
     tee.chmod(0o755)
-    env = stand.environ(STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
-    proc = subprocess.Popen(["bash", str(SLURM / "cpu_only.sbatch")], cwd=stand.dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        while not (stand.dir / "tee_drained").exists():
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "srun's stderr never closed"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGUSR1)
-        out, _ = proc.communicate(timeout=15)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    code, out = usr1_once(stand, "cpu_only", "tee_drained", "srun's stderr never closed",
+                          STANDIN_EXIT=0, SLURM_RESTART_COUNT=0)
     assert "got USR1" in out and "No such process" not in out and "kill:" not in out, out
-    assert proc.returncode == 0 and "hpcfl: finished" in out, out
+    assert code == 0 and "hpcfl: finished" in out, out
     assert calls(stand) == 1
 
 

@@ -218,7 +218,6 @@ def test_stop_from_the_watching_thread_itself_does_not_join_it():
     assert w._stopped.is_set()
 
 
-
 class Aborted(Exception):
     pass
 
