@@ -87,16 +87,22 @@ class FlatModel:
         backward pass accumulates into it. The result is overwritten by the next call: use
         it before then (the local-training loop does); :meth:`grad` returns a fresh tensor.
         """
+        flat, views = self.grad_buffer()
+        for p, view in zip(self.params, views):
+            if p.grad is not view:   # first use, or someone (zero_grad) reset it
+                p.grad = view
+        flat.zero_()
+        loss.backward()
+        return flat
+
+    def grad_buffer(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The flat gradient buffer (num_params,) of :meth:`grad_into` and one view of it per
+        parameter, in ``params`` order; made on first use and kept for the model's life."""
         if self._grad_flat is None:
             self._grad_flat = torch.zeros(self.num_params, device=self.device, dtype=self.dtype)
             offsets = np.cumsum([0] + [p.numel() for p in self.params])
             self._grad_views = [self._grad_flat[a:b].view_as(p) for p, a, b in zip(self.params, offsets, offsets[1:])]
-        for p, view in zip(self.params, self._grad_views):
-            if p.grad is not view:   # first use, or someone (zero_grad) reset it
-                p.grad = view
-        self._grad_flat.zero_()
-        loss.backward()
-        return self._grad_flat
+        return self._grad_flat, self._grad_views
 
     def numpy(self) -> np.ndarray:
         """A host copy of the flat vector."""

@@ -74,14 +74,33 @@ class Trainer:
     batch_size : int
     augment : callable or None
         ``augment(xb, gen) -> xb`` applied to each batch (e.g. CIFAR crop and flip).
+    step : {"auto", "autograd"}
+        "auto": a model that is a plain chain of layers on CPU takes its step through a
+        :class:`~hpcfl.client.program.StepProgram` (torch's kernels without autograd, bitwise
+        the same gradients); "autograd" always uses autograd. ``why_autograd`` says why
+        "auto" kept autograd.
     """
 
-    def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, augment=None):
+    def __init__(self, model: FlatModel, x_train, y_train, batch_size: int, augment=None, step: str = "auto"):
         self.model = model
         self.x, self.y = x_train, y_train
         self.batch_size = batch_size
         self.augment = augment
+        self.step = step
         self._xb = self._yb = None   # batch buffers, reused every step (filled by index_select)
+        self.program, self.why_autograd = None, "runtime.step = 'autograd'"
+        if step == "auto" and len(x_train):
+            from .program import compile_step
+
+            k = min(4, len(x_train))
+            self.program, self.why_autograd = compile_step(model, x_train[:k], y_train[:k])
+
+    def replica(self) -> "Trainer":
+        """A trainer of its own model copy over the same data tensors (for another thread)."""
+        import copy
+
+        model = FlatModel(copy.deepcopy(self.model.module), self.model.device, self.model.dtype)
+        return Trainer(model, self.x, self.y, self.batch_size, self.augment, self.step)
 
     def train(self, x0: torch.Tensor, indices: torch.Tensor, steps: int, solver: LocalSolver,
               gen: torch.Generator, corr: torch.Tensor | None = None, lr: float | None = None) -> ClientResult:
@@ -108,8 +127,11 @@ class Trainer:
             xb, yb = self._gather(batch)
             if self.augment is not None:
                 xb = self.augment(xb, gen)
-            loss = loss_fn(m.module(xb), yb)
-            g = m.grad_into(loss)   # reused buffer: consumed by the solver's step right away
+            if self.program is not None:
+                loss, g = self.program.loss_grad(xb, yb)
+            else:
+                loss = loss_fn(m.module(xb), yb)
+                g = m.grad_into(loss)   # reused buffer: consumed by the solver's step right away
             with torch.no_grad():
                 solver.step(w, g, corr)
             loss_sum += loss.detach()
