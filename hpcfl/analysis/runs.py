@@ -29,7 +29,8 @@ RESULTS_NAME = "results.h5"
 # the same across placements and evaluation chunkings; threads and devices change them only
 # in the last bits): never a grouping key. runtime.reduce = "float" does change results.
 IGNORED_KEYS = frozenset({"run.name", "run.seed", "runtime.progress", "runtime.threads", "runtime.device",
-                          "runtime.share_gpus", "runtime.placement", "runtime.eval_batch_size", "data.cache",
+                          "runtime.share_gpus", "runtime.placement", "runtime.eval_batch_size", "runtime.lanes", "runtime.step",
+                          "data.cache",
                           "run.eval_clients", "run.eval_clients_min"})
 IGNORED_SECTIONS = ("checkpoint.", "watchdog.", "results.")
 _MISSING = object()   # a key one run's config lacks (e.g. a sub-table of another algorithm)

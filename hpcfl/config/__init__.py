@@ -38,7 +38,8 @@ SWEEP_REFUSED = "this job declares a [sweep]; run it with `hpcfl sweep JOB` (or 
 
 # Keys that may differ between a checkpoint's job and the resuming job; the run names them when it resumes.
 SAFE_TO_CHANGE = ("run.rounds", "run.eval_every", "runtime.progress", "runtime.threads", "runtime.device",
-                  "runtime.share_gpus", "runtime.placement", "runtime.eval_batch_size", "data.cache", "checkpoint.",
+                  "runtime.share_gpus", "runtime.placement", "runtime.eval_batch_size", "runtime.lanes", "runtime.step",
+                  "data.cache", "checkpoint.",
                   "watchdog.", "results.")
 
 

@@ -222,6 +222,17 @@ class RuntimeSection:
                 "clients; pays for tiny models such as the quadratic, logreg and small MLPs); results equal the sequential loop's "
                 "within float rounding and are bitwise the same on any number of ranks; models it cannot take "
                 "(batch norm, dropout, augmentation) are refused with the reason"})
+    lanes: int = field(default=0, metadata={
+        "ge": 0, "help": "clients trained at once on a rank's CPU, each on one torch thread of runtime.threads "
+                         "(docs/performance.md, 'Clients on CPU threads'); 0: as many as the rank's threads "
+                         "for the zoo's models trained one client at a time, else 1; 1: one client at a time "
+                         "with every thread in each operation. Each client's result is the same bits at any "
+                         "lane count; models with dropout are refused"})
+    step: str = field(default="auto", metadata={
+        "choices": ("auto", "autograd"),
+        "help": "auto: a zoo model that is a plain chain of layers (LeNet-5, MLPs) takes its CPU step without "
+                "autograd, through the same kernels (bitwise the same gradients, checked at start-up); autograd: "
+                "always torch.autograd"})
     eval_batch_size: int = field(default=1000, metadata={
         "gt": 0, "help": "samples per evaluation chunk (chunks are dealt to the ranks round-robin)"})
     progress: str = field(default="auto", metadata={

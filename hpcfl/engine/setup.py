@@ -55,6 +55,7 @@ class Setup:
     client_eval: object = None  # hpcfl.engine.evaluation.ClientEval when run.eval_clients applies (a classifier)
     home: np.ndarray = None     # ids of this rank's own clients, ascending (found once: a round never scans all N)
     notes: tuple = ()           # what the run should say once at its start (hpcfl.engine.job)
+    lanes: object = None        # hpcfl.client.lanes.Lanes when clients train side by side on CPU threads
 
 
 def prepare(cfg, comm) -> Setup:
@@ -105,10 +106,17 @@ def prepare(cfg, comm) -> Setup:
     if ds.augment:
         from ..data.augment import augment_batch
         augment = augment_batch
-    trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment)
+    from ..plugins import is_plugin
+    plugin = is_plugin(cfg.model.name)
+    # your own model keeps autograd: tracing its forward could run code of yours (client/program.py)
+    trainer = Trainer(model, x_train, y_train, cfg.algorithm.batch_size, augment,
+                      "autograd" if plugin else cfg.runtime.step)
     algo = Algorithm(cfg, model.length, model.num_params, mine.size, device, dtype, sizes)
     from ..client.block import choose_block_trainer
     block = choose_block_trainer(cfg, comm, model, augment, algo.solver.spec, x_train, y_train)
+    from ..client.lanes import Lanes, lane_count
+    count, _ = lane_count(cfg, model, plugin, threads, block is not None)
+    lanes = Lanes(trainer, algo.solver.spec, count) if count > 1 else None
     system = None
     if cfg.system is not None and cfg.system.enabled:
         from ..system import SystemModel
@@ -125,7 +133,7 @@ def prepare(cfg, comm) -> Setup:
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
                  torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
                  torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block,
-                 placement=placement, client_eval=client_eval, home=mine, notes=tuple(notes))
+                 placement=placement, client_eval=client_eval, home=mine, notes=tuple(notes), lanes=lanes)
 
 
 def _client_eval(cfg, ds, counts):

@@ -276,6 +276,11 @@ def _local_training(s: Setup, ctx, x0: torch.Tensor):
     def key(j):   # a repeated draw trains with its own randomness
         return ctx.rnd, int(ctx.cohort[j]), _occurrence(ctx.cohort, j)
 
+    if s.lanes is not None:   # clients side by side, one torch thread each, even alone (client/lanes.py)
+        tasks = [(j, int(ctx.slots[j]), ctx.clients.indices(j), int(ctx.steps[j]),
+                  rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, *key(j))) for j in todo]
+        yield from s.lanes.train(x0, tasks, algo.correction, ctx.lr)
+        return
     if s.block is None:
         for j in todo:
             gen = rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN, *key(j))

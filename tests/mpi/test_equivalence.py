@@ -37,6 +37,13 @@ CASES = {
                                      "algorithm.clients_per_round": 0},
     "vectorize_fedprox_with_replacement": {"runtime.vectorize": "on", "algorithm.name": "fedprox",
                                            "algorithm.mu": 0.1, "algorithm.sampling": "with_replacement"},
+    # clients side by side on CPU threads (runtime.threads = 2: two lanes per rank), LeNet-5 and an MLP
+    # through the graph-free step: each client on one thread, so rank counts do not matter
+    "lanes_mlp_scaffold": {"runtime.threads": 2, "algorithm.name": "scaffold", "algorithm.clients_per_round": 6},
+    "lanes_lenet_fedprox": {"runtime.threads": 2, "data.dataset": "synthetic_images", "data.cache": "off",
+                            "data.synthetic_images.num_train": 384, "data.synthetic_images.num_test": 64,
+                            "data.synthetic_images.image_shape": [1, 16, 16], "model.name": "lenet5",
+                            "algorithm.name": "fedprox", "algorithm.mu": 0.1},
     # logreg under vectorize = 'auto': the compiled group kernel (hpcfl.client.fused: C, else numba)
     "logreg_fused_scaffold_momentum_epochs": {"model.name": "logreg", "algorithm.name": "scaffold",
                                               "algorithm.momentum": 0.5, "algorithm.local_steps": 0,
