@@ -244,6 +244,7 @@ def main(argv=None) -> int:
         "steady_train_s": float(np.mean([r["time_train"] for r in steady])),
         "steady_reduce_s": float(np.mean([r["time_reduce"] for r in steady])),
         "steady_eval_s": float(np.mean([r["time_eval"] for r in steady])),
+        "eval_total_s": float(sum(r["time_eval"] for r in rows)),
         "wall_s": wall, "startup_s": t_loop - T_START,
         "peak_rss_mib": [p / 1024 for p in peaks],
         "final_test_accuracy": test_acc,

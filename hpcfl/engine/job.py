@@ -205,6 +205,8 @@ class JobRun:
         cfg, s, comm = self.cfg, self.setup, self.comm
         auto = " (runtime.threads = 0: one for a model under 1M parameters)" if not cfg.runtime.threads \
             and s.threads == 1 else ""
+        if s.lanes is not None:   # how the threads are used (docs/performance.md, "Clients on CPU threads")
+            auto += f", {s.lanes.count} clients at a time (runtime.lanes; 1: one client on all threads)"
         print(f"hpcfl: {cfg.run.name}: {cfg.algorithm.name} on {cfg.data.dataset}, {cfg.data.num_clients} clients, "
               f"{comm.size} rank(s), device {s.device}, {s.threads} thread(s)/rank{auto}; startup "
               f"{time.perf_counter() - self.t0:.1f} s", flush=True)

@@ -161,6 +161,10 @@ def test_lane_count_rules():
         lane_count(asked, drop, False, 2, False)
     with pytest.raises(ConfigError, match="batched groups"):
         lane_count(asked, m, False, 2, True)
+    big = FlatModel(torch.nn.Linear(1000, 1000), CPU, torch.float32)   # 1,001,000 parameters
+    n, why = lane_count(cfg, big, False, 2, False)
+    assert n == 1 and "1M parameters" in why
+    assert lane_count(asked, big, False, 2, False) == (3, "runtime.lanes")
 
 
 @pytest.mark.parametrize("algo", [{}, {"algorithm.name": "scaffold", "algorithm.clients_per_round": 6}])
