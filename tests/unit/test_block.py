@@ -130,6 +130,21 @@ def test_padding_and_finished_rows_leave_a_clients_result_bitwise_unchanged(mode
             assert (a.loss, a.samples, a.steps, a.anorm) == (b.loss, b.samples, b.steps, b.anorm)
 
 
+def test_a_finished_row_whose_weights_overflow_does_not_spoil_its_loss():
+    """A row whose client has finished still computes its loss, weighted 0, at its final weights:
+    0 * inf is NaN, so the block must not count it. lr 1e160 takes the 1-step client's x to about
+    1e160, where 1/2 ||x - e||^2 overflows; its own loss, at x0, is 1/2 ||x0 - e||^2, finite."""
+    model = FlatModel(Quadratic(2), torch.device("cpu"), D)
+    x = torch.arange(16, dtype=D).view(8, 2) / 10
+    bt = BlockTrainer(model, x, torch.zeros(8, dtype=torch.int64), batch_size=4, fused=False)
+    x0 = torch.zeros(2, dtype=D)
+    jobs = [(torch.arange(0, 4), 3, torch.Generator().manual_seed(0)), (torch.arange(4, 8), 1, torch.Generator())]
+    short = bt.train(x0, jobs, SolverSpec(lr=1e160), 1e160)[1]
+    e = x[4:8]
+    assert short.loss == float((0.5 * (e**2).sum(1)).mean())
+    torch.testing.assert_close(short.delta, -1e160 * (x0 - e).mean(0), rtol=1e-15, atol=0)   # x0 - lr * grad
+
+
 def test_cnn_block_through_vmap_equals_sequential():
     """LeNet-5 goes through vmap of its forward, with its compiled pooling folded over the group."""
     model, x, y = lenet_data()
