@@ -23,11 +23,23 @@ What differs: a mini-batch loss is a masked sum over a padded batch divided by t
 batch's size, and the batched kernels may sum in another order than the per-client
 ones, so results equal the sequential loop's within float rounding, not bitwise.
 Each client's row is computed by kernels that never mix rows, so a client's result
-does not depend on which other clients share its group: results are bitwise the same
-on any number of ranks and for any grouping (tests/unit/test_block.py checks both).
+does not depend on which other clients share its group: on the CPU results are bitwise the
+same on any number of ranks and for any grouping (tests/unit/test_block.py checks both).
 
-Clients of a group are ordered by steps, longest first, so at local step s the clients
-still training are a prefix of the rows and the finished ones are simply not touched.
+Groups of a fixed width. Kernel libraries choose algorithms by shape (cuBLAS and cuDNN on a
+GPU), so a client's kernels must not see shapes that depend on where it was placed. On the
+torch paths every group has exactly ``min(group_size, K)`` rows (:func:`group_width`), K being
+the clients the round trains on all ranks together (the engine passes it), and every local step
+runs all rows: clients are ordered by steps, longest first; rows whose client has finished, and
+the padding rows of a rank's last group, keep computing, but their gradient is zeroed before the
+update (``w - lr * 0`` is ``w`` bitwise) and their loss is not counted. So every kernel call of
+a client's steps has shapes (width, B, ...) on 1, 2 or R ranks (tests/unit/test_block_shapes.py
+records them through a dispatch mode). The cost: padding rows compute like real ones, so a rank
+with fewer clients than the width pays for the width (on R ranks a cohort of K <= 64 pads each
+rank's ~K/R clients to K rows: a small cohort gains no speed from more ranks), a rank's last group
+is padded, and finished rows keep computing until their group's longest client is done; memory
+stays bounded by ``group_size`` rows. The compiled CPU kernel (:mod:`hpcfl.client.fused`) loops
+over rows in C with no torch kernel per step, so its groups hold real rows only.
 """
 
 from __future__ import annotations
@@ -99,7 +111,8 @@ class BlockTrainer:
     x_train, y_train : torch.Tensor, shapes (N, *input_shape) and (N,)
     batch_size : int
     group_size : int
-        Most clients trained together.
+        Most clients trained together; the torch paths' groups are ``min(group_size, K)`` rows
+        wide, padded (:func:`group_width`).
     fused : bool
         Train logistic regression and the quadratic on CPU with a compiled group kernel
         (:mod:`hpcfl.client.fused`: C, else numba) where one can be had; False keeps the batched
@@ -330,8 +343,9 @@ def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec,
 
 def group_size(model: FlatModel) -> int:
     """Clients per group: :data:`GROUP_SIZE`, fewer on a GPU whose memory a group's weights, gradients
-    and updates (about 4 copies of the model each) would take more than a quarter of. Results do not
-    depend on it (a client's row never mixes with another's)."""
+    and updates (about 4 copies of the model each) would take more than a quarter of. The same on every
+    rank of one device kind, so the group width it bounds (:func:`group_width`) does not depend on the
+    rank count; on the CPU results do not depend on it at all (a client's row never mixes with another's)."""
     if model.device.type != "cuda":
         return GROUP_SIZE
     total = torch.cuda.get_device_properties(model.device).total_memory
