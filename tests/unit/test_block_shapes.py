@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from runner import job
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from hpcfl import config
 from hpcfl.client import block
 from hpcfl.engine import simulation
-from hpcfl.parallel.comm import Collectives, deal, owners
-from runner import job
+from hpcfl.parallel.comm import Collectives, owners
 
 DEVICE = os.environ.get("HPCFL_SHAPES_DEVICE", "cpu")
 RANKS = (1, 2, 3)
@@ -82,7 +82,7 @@ def per_client(s, ctx, x0, shares):
     for mine in shares:
         ctx.mine = mine
         todo = [int(j) for j in mine[ctx.steps[mine] > 0]]   # the order of _local_training's jobs
-        s.block.trace = lambda k, ids: setattr(rec, "live", [todo[i] for i in ids])
+        s.block.trace = lambda k, ids, todo=todo: setattr(rec, "live", [todo[i] for i in ids])
         with rec:
             for j, res in simulation._local_training(s, ctx, x0):
                 results[j] = res
