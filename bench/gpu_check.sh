@@ -6,7 +6,9 @@
 #   PARTS="bitwise bench" bash bench/gpu_check.sh
 #
 # Parts: suite (tests/unit and tests/e2e with CUDA visible, then tests/mpi at 2 and 3 ranks sharing
-# the GPU), bitwise (the same job twice; 1, 2 and 3 ranks; killed and resumed), bench (VGG-11 and
+# the GPU), shapes (a client's kernel shapes in vectorised blocks on 1, 2 and 3 ranks' placements,
+# tests/unit/test_block_shapes.py on the GPU, under a minute), bitwise (the same job twice; 1, 2 and
+# 3 ranks; killed and resumed), bench (VGG-11 and
 # W against the bare GPU loop, deterministic on and off, per-client state memory). It also runs
 # without a GPU (everything on the CPU, the benchmarks then say so). Logs and the table go to
 # $OUT (default ./gpu_check); a part that fails is marked in the table and the rest still runs.
@@ -14,7 +16,7 @@
 # pytest-mpi) and `. .whl/prelude.sh`.
 set -u
 OUT=${OUT:-gpu_check}
-PARTS=${PARTS:-suite bitwise bench}
+PARTS=${PARTS:-suite shapes bitwise bench}
 PY=${PY:-python3}
 JOBS=${JOBS:-$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))}
 mkdir -p "$OUT"
@@ -38,6 +40,19 @@ if has suite; then
       > "$OUT/mpi$n.log" 2>&1
     row "suite: tests/mpi on $n ranks, one GPU (rc, s)" "$? $((SECONDS - t0))  $(grep -E '(passed|failed)' "$OUT/mpi$n.log" | tail -1)"
   done
+fi
+
+if has shapes; then   # vectorised blocks: every kernel call of a client has the same shapes on 1, 2, 3 ranks
+  dev=$($PY -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
+  t0=$SECONDS
+  HPCFL_SHAPES_DEVICE=$dev timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short \
+    tests/unit/test_block_shapes.py -k same_shapes > "$OUT/shapes.log" 2>&1
+  rc=$?
+  diff=$(grep -m1 -oE "client at cohort position [^\"]{0,160}" "$OUT/shapes.log")
+  if [ $rc = 0 ]; then msg="same shapes on 1, 2, 3 ranks"
+  elif [ -n "$diff" ]; then msg="DIFFERENT: $diff"
+  else msg="FAILED rc $rc (same shapes, other results? see shapes.log)"; fi
+  row "shapes: a client's kernels in blocks, on $dev (s)" "$msg  $((SECONDS - t0))"
 fi
 
 if has bitwise; then

@@ -23,11 +23,23 @@ What differs: a mini-batch loss is a masked sum over a padded batch divided by t
 batch's size, and the batched kernels may sum in another order than the per-client
 ones, so results equal the sequential loop's within float rounding, not bitwise.
 Each client's row is computed by kernels that never mix rows, so a client's result
-does not depend on which other clients share its group: results are bitwise the same
-on any number of ranks and for any grouping (tests/unit/test_block.py checks both).
+does not depend on which other clients share its group: on the CPU results are bitwise the
+same on any number of ranks and for any grouping (tests/unit/test_block.py checks both).
 
-Clients of a group are ordered by steps, longest first, so at local step s the clients
-still training are a prefix of the rows and the finished ones are simply not touched.
+Groups of a fixed width. Kernel libraries choose algorithms by shape (cuBLAS and cuDNN on a
+GPU), so a client's kernels must not see shapes that depend on where it was placed. On the
+torch paths every group has exactly ``min(group_size, K)`` rows (:func:`group_width`), K being
+the clients the round trains on all ranks together (the engine passes it), and every local step
+runs all rows: clients are ordered by steps, longest first; rows whose client has finished, and
+the padding rows of a rank's last group, keep computing, but their gradient is zeroed before the
+update (``w - lr * 0`` is ``w`` bitwise) and their loss is not counted. So every kernel call of
+a client's steps has shapes (width, B, ...) on 1, 2 or R ranks (tests/unit/test_block_shapes.py
+records them through a dispatch mode). The cost: padding rows compute like real ones, so a rank
+with fewer clients than the width pays for the width (on R ranks a cohort of K <= 64 pads each
+rank's ~K/R clients to K rows: a small cohort gains no speed from more ranks), a rank's last group
+is padded, and finished rows keep computing until their group's longest client is done; memory
+stays bounded by ``group_size`` rows. The compiled CPU kernel (:mod:`hpcfl.client.fused`) loops
+over rows in C with no torch kernel per step, so its groups hold real rows only.
 """
 
 from __future__ import annotations
@@ -99,7 +111,8 @@ class BlockTrainer:
     x_train, y_train : torch.Tensor, shapes (N, *input_shape) and (N,)
     batch_size : int
     group_size : int
-        Most clients trained together.
+        Most clients trained together; the torch paths' groups are ``min(group_size, K)`` rows
+        wide, padded (:func:`group_width`).
     fused : bool
         Train logistic regression and the quadratic on CPU with a compiled group kernel
         (:mod:`hpcfl.client.fused`: C, else numba) where one can be had; False keeps the batched
@@ -122,6 +135,7 @@ class BlockTrainer:
             self._xn = xs.to(model.dtype).contiguous().numpy()
             self._yn = y_train.to(torch.int64).contiguous().numpy()
             self._classes = m.fc.out_features if kind == "logreg" else 0
+        self.trace = None   # trace(step, ids of the clients taking it), before each step of a torch path (tests)
         self._closed = getattr(m, "batched_loss_grad", None)   # (w, xb, yb, weight) -> (loss (G,), grad (G, P))
         names = [n.split(":", 1)[1] for n in model.names]
         sizes = [int(np.prod(s)) for s in model.shapes]
@@ -155,25 +169,40 @@ class BlockTrainer:
         return F.cross_entropy(out.flatten(0, 1), yb.flatten(), reduction="none").view(yb.shape)
 
     def train(self, x0: torch.Tensor, jobs: list, spec: SolverSpec, lr: float,
-              corrections: list | None = None) -> list[ClientResult]:
+              corrections: list | None = None, cohort: int | None = None) -> list[ClientResult]:
         """Train clients from the global state ``x0`` (P,); one :class:`ClientResult` per job, in order.
 
         ``jobs`` holds (indices, steps, generator) per client (steps > 0); ``corrections``
         the solver's per-client gradient correction (P,) or None each (SCAFFOLD, VR).
+        ``cohort`` is the number of clients the round trains on all ranks together: it fixes
+        the torch paths' group width (:func:`group_width`), so that a client's kernels see the
+        same shapes on any number of ranks; None (one caller trains every client) takes ``len(jobs)``.
         """
         corrections = corrections or [None] * len(jobs)
         order = sorted(range(len(jobs)), key=lambda i: -jobs[i][1])   # longest first: active rows are a prefix
+        # the compiled kernel has no per-step torch kernel whose shape could matter: real rows only
+        width = self.group_size if self.fused is not None else group_width(self.group_size, cohort, len(jobs))
         results: list = [None] * len(jobs)
-        for lo in range(0, len(order), self.group_size):
-            group = order[lo : lo + self.group_size]
-            got = self._train_group(x0, [jobs[i] for i in group], spec, lr, [corrections[i] for i in group])
+        for lo in range(0, len(order), width):
+            group = order[lo : lo + width]
+            got = self._train_group(x0, [jobs[i] for i in group], spec, lr, [corrections[i] for i in group],
+                                    width, group)
             for i, res in zip(group, got):
                 results[i] = res
         return results
 
-    def _train_group(self, x0, jobs, spec: SolverSpec, lr: float, corrs) -> list[ClientResult]:
-        G, P, B = len(jobs), self.model.num_params, self.batch_size
-        steps = np.array([s for _, s, _ in jobs])
+    def _train_group(self, x0, jobs, spec: SolverSpec, lr: float, corrs, width: int, ids: list) -> list[ClientResult]:
+        """One group's round: results for ``jobs``; the torch paths pad the group to ``width`` rows.
+
+        Every step runs all ``width`` rows, so every kernel call has shapes (width, B, ...) whatever
+        the group holds. Padding rows (no batches: weight 0) and rows whose client has finished
+        keep computing; their gradient is zeroed before the update (``w + (-lr) * 0`` is ``w``
+        exactly) and their loss is not counted, so real rows get bitwise what they got alone.
+        ``ids`` (the jobs' positions in :meth:`train`) only name the rows to :attr:`trace`.
+        """
+        n, P, B = len(jobs), self.model.num_params, self.batch_size
+        G = n if self.fused is not None else width
+        steps = np.array([s for _, s, _ in jobs] + [0] * (G - n))   # padding rows take no step
         S = int(steps[0])
         sched = torch.full((S, G, B), -1, dtype=torch.int64, device=x0.device)
         for g, (indices, k, gen) in enumerate(jobs):
@@ -182,28 +211,37 @@ class BlockTrainer:
         count = valid.sum(2)                                        # (S, G) batch sizes
         if self.fused is not None:
             return self._train_group_fused(x0, sched, steps, spec, lr, corrs, count)
-        weight = valid.to(x0.dtype) / count.clamp(min=1).unsqueeze(2).to(x0.dtype)
+        # per-step views made once, so that no call inside the loop sees the group's step count S
+        weights = (valid.to(x0.dtype) / count.clamp(min=1).unsqueeze(2).to(x0.dtype)).unbind(0)
+        done = (torch.as_tensor(steps, device=x0.device) <= torch.arange(S, device=x0.device).unsqueeze(1))
+        done = done.unsqueeze(2).unbind(0)                          # (G, 1) per step: row takes no step
         sched.clamp_(min=0)                                         # padding reads sample 0, weighted 0
         w = x0[:P].expand(G, P).clone()
         corr = None
         if any(c is not None for c in corrs):
-            corr = torch.stack([torch.zeros_like(x0[:P]) if c is None else c for c in corrs])
+            corr = torch.stack([torch.zeros_like(x0[:P]) if c is None else c for c in corrs]
+                               + [torch.zeros_like(x0[:P])] * (G - n))
         u = torch.zeros_like(w) if spec.momentum else None
         x0p = x0[:P]
         loss_sum = torch.zeros(G, dtype=torch.float64, device=x0.device)
         active = np.searchsorted(-steps, -np.arange(S), side="left")   # rows with steps > s still train
         # small rounds gather every batch at once (one indexing op instead of two per step)
-        xs, ys = (self.x[sched], self.y[sched]) if sched.numel() * self.x[0].numel() <= PREGATHER else (None, None)
+        if sched.numel() * self.x[0].numel() <= PREGATHER:
+            xs, ys = self.x[sched].unbind(0), self.y[sched].unbind(0)
+        else:
+            xs, ys = None, None
+        steps_sched = sched.unbind(0)
         for k in range(S):
-            a = int(active[k])
-            xb, yb = (xs[k, :a], ys[k, :a]) if xs is not None else (self.x[sched[k, :a]], self.y[sched[k, :a]])
-            wa = w[:a]
+            if self.trace is not None:
+                self.trace(k, ids[: int(active[k])])
+            xb, yb = (xs[k], ys[k]) if xs is not None else (self.x[steps_sched[k]], self.y[steps_sched[k]])
             if self._closed is not None:   # the model's own gradient: no autograd graph per step
                 with torch.no_grad():
-                    per_client, g = self._closed(wa, xb, yb, weight[k, :a])
+                    per_client, g = self._closed(w, xb, yb, weights[k])
+                wa = w
             else:
-                wa = wa.detach().requires_grad_(True)
-                per_client = (self._losses(wa, xb, yb) * weight[k, :a]).sum(1)
+                wa = w.detach().requires_grad_(True)
+                per_client = (self._losses(wa, xb, yb) * weights[k]).sum(1)
                 (g,) = torch.autograd.grad(per_client.sum(), wa)
             with torch.no_grad():
                 # the sequential solver's operations, row-wise (LocalSolver.step)
@@ -212,13 +250,16 @@ class BlockTrainer:
                 if spec.mu:
                     g = g.add(wa - x0p, alpha=spec.mu)
                 if corr is not None:
-                    g = g.add(corr[:a])
-                if spec.momentum:
-                    g = u[:a].copy_(g) if k == 0 else u[:a].mul_(spec.momentum).add_(g)
+                    g = g.add(corr)
+                if spec.momentum:   # a finished row's buffer is never read again: masking it below is harmless
+                    g = u.copy_(g) if k == 0 else u.mul_(spec.momentum).add_(g)
+                g.masked_fill_(done[k], 0.0)       # rows without this step: w - lr * 0 == w, bitwise
                 scale = spec.decay**k if spec.decay != 1.0 else 1.0
-                w[:a].add_(g, alpha=-lr * scale)
-                loss_sum[:a] += per_client.detach()
-        return _results(spec, lr, steps, count, w - x0p, loss_sum)
+                w.add_(g, alpha=-lr * scale)
+                loss_sum += per_client.detach().masked_fill(done[k].squeeze(1), 0.0)
+        if self.trace is not None:
+            self.trace(S, [])
+        return _results(spec, lr, steps[:n], count[:, :n], (w - x0p)[:n], loss_sum[:n])
 
     def _train_group_fused(self, x0, sched, steps, spec, lr: float, corrs, count) -> list[ClientResult]:
         """The group's whole round in one compiled call (:mod:`hpcfl.client.fused`)."""
@@ -302,10 +343,23 @@ def choose_block_trainer(cfg, comm, model: FlatModel, augment, spec: SolverSpec,
 
 def group_size(model: FlatModel) -> int:
     """Clients per group: :data:`GROUP_SIZE`, fewer on a GPU whose memory a group's weights, gradients
-    and updates (about 4 copies of the model each) would take more than a quarter of. Results do not
-    depend on it (a client's row never mixes with another's)."""
+    and updates (about 4 copies of the model each) would take more than a quarter of. The same on every
+    rank of one device kind, so the group width it bounds (:func:`group_width`) does not depend on the
+    rank count; on the CPU results do not depend on it at all (a client's row never mixes with another's)."""
     if model.device.type != "cuda":
         return GROUP_SIZE
     total = torch.cuda.get_device_properties(model.device).total_memory
     per_client = 4 * model.num_params * model.flat.element_size()
     return int(max(1, min(GROUP_SIZE, total // 4 // max(per_client, 1))))
+
+
+def group_width(group_size: int, cohort: int | None, jobs: int) -> int:
+    """Rows of every group on the torch paths: ``min(group_size, cohort)``.
+
+    ``cohort`` (the round's clients on all ranks together) is the same on 1, 2 or R ranks, and so
+    is ``group_size`` on one device kind, so a client's kernels have the same shapes wherever it is
+    placed. A rank's jobs are cut into groups of this width and its last group is padded, which
+    costs compute where a rank has fewer jobs than the width: on R ranks a cohort of K <= 64 pads each
+    rank's ~K/R clients to K rows. None (one caller trains every client): ``jobs``.
+    """
+    return max(1, min(group_size, jobs if cohort is None else int(cohort)))

@@ -220,7 +220,9 @@ class RuntimeSection:
                 "GPU, for every model that vmaps (LeNet-5, VGG without batch norm, MLPs), else one client at a "
                 "time; on: train a rank's clients in batched groups (one forward/backward for many "
                 "clients; pays for tiny models such as the quadratic, logreg and small MLPs); results equal the sequential loop's "
-                "within float rounding and are bitwise the same on any number of ranks; models it cannot take "
+                "within float rounding and, on the CPU, are bitwise the same on any number of ranks; batched torch "
+                "groups are min(64, clients trained in the round) rows on every rank, padded, so that a client's "
+                "kernels see the same shapes on any number of ranks (a small cohort gains no speed from more ranks); models it cannot take "
                 "(batch norm, dropout, augmentation) are refused with the reason"})
     lanes: int = field(default=0, metadata={
         "ge": 0, "help": "clients trained at once on a rank's CPU, each on one torch thread of runtime.threads "

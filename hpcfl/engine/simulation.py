@@ -291,7 +291,8 @@ def _local_training(s: Setup, ctx, x0: torch.Tensor):
     jobs = [(ctx.clients.indices(j), int(ctx.steps[j]), rng.torch_generator(s.device, seed, rng.CLIENT_TRAIN,
                                                                           *key(j))) for j in todo]
     corrections = [algo.correction(int(ctx.slots[j])) for j in todo]
-    yield from zip(todo, s.block.train(x0, jobs, algo.solver.spec, ctx.lr, corrections))
+    trained = int(np.count_nonzero(ctx.steps > 0))   # on all ranks: fixes the group width (shapes as on 1 rank)
+    yield from zip(todo, s.block.train(x0, jobs, algo.solver.spec, ctx.lr, corrections, cohort=trained))
 
 
 def _work(ctx, batch_size: int) -> np.ndarray:

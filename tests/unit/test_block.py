@@ -59,14 +59,14 @@ def run_sequential(model, x, y, spec, cl, corrs):
     return x0, out
 
 
-def run_block(model, x, y, spec, cl, corrs, group_size=64, fused=True):
+def run_block(model, x, y, spec, cl, corrs, group_size=64, fused=True, cohort=None):
     bt = BlockTrainer(model, x, y, batch_size=8, group_size=group_size, fused=fused)
     # logreg and the quadratic on CPU take a compiled kernel (C, else numba) whenever one is there: tests below test it
     assert (bt.fused is not None) == (fused and HAVE_NUMBA)
     x0 = model.flat.detach().clone()
     jobs = [(idx, steps, rng.torch_generator(torch.device("cpu"), 0, rng.CLIENT_TRAIN, 0, c))
             for c, (idx, steps) in enumerate(cl)]
-    return bt.train(x0, jobs, spec, spec.lr, corrs)
+    return bt.train(x0, jobs, spec, spec.lr, corrs, cohort=cohort)
 
 
 @pytest.mark.parametrize("model_cls,fused", PATHS)
@@ -103,15 +103,51 @@ def test_a_client_result_does_not_depend_on_its_group(fused):
             assert torch.equal(a.delta, b.delta) and a.loss == b.loss
 
 
-def test_cnn_block_through_vmap_equals_sequential():
-    """LeNet-5 goes through vmap of its forward, with its compiled pooling folded over the group."""
+def lenet_data():
     from hpcfl.models.cnn import LeNet5
 
     torch.manual_seed(0)
     model = FlatModel(LeNet5((1, 16, 16), 5), torch.device("cpu"), D)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(300, 1, 16, 16, dtype=D, generator=g)
-    y = torch.randint(0, 5, (300,), generator=g)
+    return model, torch.randn(300, 1, 16, 16, dtype=D, generator=g), torch.randint(0, 5, (300,), generator=g)
+
+
+@pytest.mark.parametrize("model", ["logreg", "quadratic", "lenet5"])
+def test_padding_and_finished_rows_leave_a_clients_result_bitwise_unchanged(model):
+    """The torch paths run groups of a fixed width (the round's cohort, here 40, at most group_size):
+    padding rows and rows whose client has finished compute at every step but never move their
+    client. Against groups of one row (nothing padded, nothing finished), with momentum, decay,
+    weight decay, the proximal term and corrections: bitwise equal."""
+    model, x, y = lenet_data() if model == "lenet5" else setup(LogReg if model == "logreg" else Quadratic)
+    cl = clients(9, seed=4)
+    spec = SPECS["all"]
+    corrs = [torch.randn(model.num_params, dtype=D) * 0.01 if c % 2 else None for c in range(len(cl))]
+    ref = run_block(model, x, y, spec, cl, corrs, group_size=1, fused=False)
+    for gs in (64, 4):   # one group of 40 rows (31 padding); groups of 4, the last padded
+        got = run_block(model, x, y, spec, cl, corrs, group_size=gs, fused=False, cohort=40)
+        for a, b in zip(ref, got):
+            assert torch.equal(a.delta, b.delta), gs
+            assert (a.loss, a.samples, a.steps, a.anorm) == (b.loss, b.samples, b.steps, b.anorm)
+
+
+def test_a_finished_row_whose_weights_overflow_does_not_spoil_its_loss():
+    """A row whose client has finished still computes its loss, weighted 0, at its final weights:
+    0 * inf is NaN, so the block must not count it. lr 1e160 takes the 1-step client's x to about
+    1e160, where 1/2 ||x - e||^2 overflows; its own loss, at x0, is 1/2 ||x0 - e||^2, finite."""
+    model = FlatModel(Quadratic(2), torch.device("cpu"), D)
+    x = torch.arange(16, dtype=D).view(8, 2) / 10
+    bt = BlockTrainer(model, x, torch.zeros(8, dtype=torch.int64), batch_size=4, fused=False)
+    x0 = torch.zeros(2, dtype=D)
+    jobs = [(torch.arange(0, 4), 3, torch.Generator().manual_seed(0)), (torch.arange(4, 8), 1, torch.Generator())]
+    short = bt.train(x0, jobs, SolverSpec(lr=1e160), 1e160)[1]
+    e = x[4:8]
+    assert short.loss == float((0.5 * (e**2).sum(1)).mean())
+    torch.testing.assert_close(short.delta, -1e160 * (x0 - e).mean(0), rtol=1e-15, atol=0)   # x0 - lr * grad
+
+
+def test_cnn_block_through_vmap_equals_sequential():
+    """LeNet-5 goes through vmap of its forward, with its compiled pooling folded over the group."""
+    model, x, y = lenet_data()
     cl = clients(5, seed=2)
     spec = SPECS["all"]
     _, seq = run_sequential(model, x, y, spec, cl, [None] * len(cl))
