@@ -139,6 +139,7 @@ def test_a_clients_kernels_have_the_same_shapes_on_1_2_and_3_ranks(model, group_
     bmm = [args[0][0] for op, args in ref_calls[0] if op == "aten::bmm"]
     assert len(bmm) >= 4 and {shape[0] for shape in bmm} == {width}
 
+
 @pytest.mark.parametrize("model", ["lenet5", "mlp"])
 def test_the_check_sees_groups_that_follow_the_block(model, monkeypatch):
     """The old rule (a group as wide as the rank's own jobs) gives a client other shapes on 2 ranks."""
