@@ -38,7 +38,9 @@ from hpcfl.params import FlatModel
 
 CPU = torch.device("cpu")
 SPEC = SolverSpec(lr=0.01)
-MODELS = {"lenet5": (lambda: LeNet5((3, 32, 32), 10), (3, 32, 32)), "mlp": (lambda: Mlp(64, (64,), 10, "relu"), (64,))}
+MODELS = {"lenet5": (lambda: LeNet5((3, 32, 32), 10), (3, 32, 32)),                  # W's model
+          "mlp": (lambda: Mlp(64, (64,), 10, "relu"), (64,)),                          # the quickstart's
+          "fedlga_mlp": (lambda: Mlp(784, (200, 200), 10, "relu"), (784,))}            # FedLGA's FMNIST MLP
 
 
 def clients(n: int, steps: int):

@@ -36,18 +36,23 @@ from ..errors import ConfigError
 from ..parallel.runtime import SMALL_MODEL_PARAMS
 from .trainer import Trainer
 
+MIN_PARAMS = 100_000   # a dense model (no convolution or recurrence) this large or more takes lanes by default
 HOLD_BYTES = 256 << 20   # results held for their turn at most, when clients start longest first
 
 
 def lane_count(cfg, model, plugin: bool, threads: int, vectorized: bool) -> tuple[int, str]:
     """Lanes for this run and why, from ``runtime.lanes`` (0: auto).
 
-    Auto gives the rank's torch ``threads`` for a zoo model under 1M parameters trained one
-    client at a time on CPU, else 1: a larger model's operations split well over threads
-    (docs/performance.md, "Torch threads": 2 threads 0.50-0.58x the time of one), and lanes
-    would idle where a rank has fewer clients than threads in a round. An explicit count above
-    1 is refused where lanes cannot keep results exact (dropout) or do not apply (a GPU,
-    vectorised blocks).
+    Auto gives the rank's torch ``threads`` for a zoo model trained one client at a time on
+    CPU that has convolutions or recurrent layers, or at least :data:`MIN_PARAMS` parameters,
+    and under 1M parameters; else 1. Below, a step is mostly Python, and two lanes queue for
+    the interpreter lock (the quickstart's MLP: 0.33 ms a step in lanes, 0.16 one at a time);
+    above, a model's operations split well over threads (docs/performance.md, "Torch threads":
+    2 threads 0.50-0.58x the time of one), and lanes would idle where a rank has fewer clients
+    than threads in a round. The rule reads the model only, never a timing, so that whether a
+    run's clients see one thread or several does not depend on the machine's load. An explicit
+    count above 1 is refused where lanes cannot keep results exact (dropout) or do not apply (a
+    GPU, vectorised blocks).
     """
     asked = cfg.runtime.lanes
     dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in model.module.modules())
@@ -55,10 +60,14 @@ def lane_count(cfg, model, plugin: bool, threads: int, vectorized: bool) -> tupl
            "runtime.vectorize trains clients in batched groups" if vectorized else
            "the model uses dropout, which draws from torch's global generator" if dropout else None)
     if asked == 0:
-        if off or plugin or threads < 2 or model.num_params >= SMALL_MODEL_PARAMS:
+        heavy = any(isinstance(m, (torch.nn.modules.conv._ConvNd, torch.nn.RNNBase)) for m in model.module.modules())
+        if off or plugin or threads < 2 or model.num_params >= SMALL_MODEL_PARAMS or not (
+                heavy or model.num_params >= MIN_PARAMS):
             return 1, off or ("your own model may draw from torch's global generator: set runtime.lanes to "
                               "train it in lanes" if plugin else "one torch thread" if threads < 2 else
-                              "a model of 1M parameters or more splits each operation well over the threads")
+                              "a model of 1M parameters or more splits each operation well over the threads"
+                              if model.num_params >= SMALL_MODEL_PARAMS else
+                              "a small dense model's step is mostly Python, which lanes cannot run in parallel")
         return threads, f"{threads} threads"
     if asked > 1 and off:
         raise ConfigError(f"runtime.lanes = {asked}: {off}; set runtime.lanes = 1 (or 0 for the automatic choice)")

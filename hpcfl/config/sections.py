@@ -227,7 +227,8 @@ class RuntimeSection:
     lanes: int = field(default=0, metadata={
         "ge": 0, "help": "clients trained at once on a rank's CPU, each on one torch thread of runtime.threads "
                          "(docs/performance.md, 'Clients on CPU threads'); 0: as many as the rank's threads "
-                         "for the zoo's models trained one client at a time, else 1; 1: one client at a time "
+                         "for the zoo's convolutional or recurrent models under 1M parameters and dense ones "
+                         "of 100k-1M, trained one client at a time, else 1; 1: one client at a time "
                          "with every thread in each operation. Each client's result is the same bits at any "
                          "lane count; models with dropout are refused"})
     step: str = field(default="auto", metadata={

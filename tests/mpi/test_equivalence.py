@@ -39,7 +39,8 @@ CASES = {
                                            "algorithm.mu": 0.1, "algorithm.sampling": "with_replacement"},
     # clients side by side on CPU threads (runtime.threads = 2: two lanes per rank), LeNet-5 and an MLP
     # through the graph-free step: each client on one thread, so rank counts do not matter
-    "lanes_mlp_scaffold": {"runtime.threads": 2, "algorithm.name": "scaffold", "algorithm.clients_per_round": 6},
+    "lanes_mlp_scaffold": {"runtime.threads": 2, "runtime.lanes": 2, "algorithm.name": "scaffold",
+                           "algorithm.clients_per_round": 6},
     "lanes_lenet_fedprox": {"runtime.threads": 2, "data.dataset": "synthetic_images", "data.cache": "off",
                             "data.synthetic_images.num_train": 384, "data.synthetic_images.num_test": 64,
                             "data.synthetic_images.image_shape": [1, 16, 16], "model.name": "lenet5",

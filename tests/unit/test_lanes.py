@@ -147,8 +147,19 @@ def test_an_error_in_a_client_stops_the_round_and_gives_the_threads_back(two_thr
 def test_lane_count_rules():
     cfg = config.from_dict(job(**{"runtime.threads": 2}))
     trainer, _ = setup()
-    m = trainer.model
+    m = trainer.model   # LeNet-5: convolutions
     assert lane_count(cfg, m, False, 2, False) == (2, "2 threads")
+    small = FlatModel(torch.nn.Sequential(torch.nn.Linear(300, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10)),
+                      CPU, torch.float32)   # 93,310 parameters, dense
+    n, why = lane_count(cfg, small, False, 2, False)
+    assert n == 1 and "mostly Python" in why
+    dense = FlatModel(torch.nn.Sequential(torch.nn.Linear(320, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10)),
+                      CPU, torch.float32)   # 99,310 parameters: just under MIN_PARAMS
+    assert lane_count(cfg, dense, False, 2, False)[0] == 1
+    wide = FlatModel(torch.nn.Linear(1000, 100), CPU, torch.float32)   # 100,100 parameters
+    assert lane_count(cfg, wide, False, 2, False) == (2, "2 threads")
+    rnn = FlatModel(torch.nn.LSTM(4, 8), CPU, torch.float32)
+    assert lane_count(cfg, rnn, False, 2, False)[0] == 2
     assert lane_count(cfg, m, False, 1, False)[0] == 1
     n, why = lane_count(cfg, m, True, 2, False)
     assert n == 1 and "runtime.lanes" in why   # your own model: lanes only when asked
@@ -171,7 +182,7 @@ def test_lane_count_rules():
 def test_a_run_with_lanes_is_bitwise_the_run_on_one_thread(algo):
     """The whole engine: threads = 2 (two lanes) against threads = 1 (one client at a time)."""
     one = run_memory(job(**{"runtime.threads": 1, **algo}), MPI.COMM_SELF)
-    two = run_memory(job(**{"runtime.threads": 2, **algo}), MPI.COMM_SELF)
+    two = run_memory(job(**{"runtime.threads": 2, "runtime.lanes": 2, **algo}), MPI.COMM_SELF)   # a small MLP: asked
     assert SMALL["model"]["name"] == "mlp"
     assert one[0].tobytes() == two[0].tobytes()
     assert repr([sorted(m.items()) for m in one[1]]) == repr([sorted(m.items()) for m in two[1]])   # NaNs too
