@@ -24,8 +24,11 @@ def job(**overrides):
 
 def run_memory(table, comm):
     """Run a job on ``comm``; returns (final model, metrics rows, client rows) on rank 0."""
+    from hpcfl.engine.setup import release_tables, share_tables
+
     cfg = config.from_dict(table)
     setup = simulation.prepare(cfg, comm)
+    share_tables(setup, comm)   # as a run does: the node's ranks read one copy of the read-only tables
     metrics, clients = [], []
 
     def on_round(m, c):
@@ -33,6 +36,7 @@ def run_memory(table, comm):
         clients.append(c)
 
     x = simulation.run(setup, on_round=on_round)
+    release_tables(setup)
     return np.asarray(x), metrics, clients
 
 

@@ -32,9 +32,9 @@ class Groups(Sequence):
     objects at start-up, and :func:`hpcfl.engine.simulation.prepare` reads ``flat`` directly.
     """
 
-    def __init__(self, flat: np.ndarray, sizes: np.ndarray):
+    def __init__(self, flat: np.ndarray, sizes: np.ndarray, ends: np.ndarray | None = None):
         self.flat, self.sizes = flat, sizes
-        self._ends = np.cumsum(sizes)
+        self._ends = np.cumsum(sizes) if ends is None else ends   # ends: cumsum(sizes), if already made
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -33,6 +33,7 @@ from ..io import rundir
 from ..parallel.runtime import NondeterministicOp, versions
 from . import planning, resume, simulation
 from .control import RunControl, fault_notice, write_failed
+from .setup import release_tables, share_tables
 from .events import Callbacks
 from .watchdog import Limits
 
@@ -121,6 +122,8 @@ class JobRun:
             err = exc
         planning.agree(comm, err, "the end of set-up")
         self._stopped()
+        # every rank's set-up succeeded: the read-only per-client tables go to the node's shared memory
+        share_tables(self.setup, comm)
         signals.end_startup()
 
     def _stopped(self) -> None:
@@ -334,9 +337,12 @@ class JobRun:
             self.events.end("diverged", self.done, self.out, str(diverged))
             if comm.rank == 0:
                 print(f"hpcfl: {diverged}", file=sys.stderr, flush=True)
-            return self.results("diverged")
-        self.events.end("finished", self.done, self.out)
-        return self.results("finished")
+            outcome = self.results("diverged")
+        else:
+            self.events.end("finished", self.done, self.out)
+            outcome = self.results("finished")
+        release_tables(s)   # every rank is here (results() was collective): the node's windows go
+        return outcome
 
     def results(self, outcome: str):
         """Every rank: the run's Results (rank 0 reads results.h5, its per-client tables when first

@@ -8,6 +8,7 @@ beyond the placement's and the data's own collectives.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +57,51 @@ class Setup:
     home: np.ndarray = None     # ids of this rank's own clients, ascending (found once: a round never scans all N)
     notes: tuple = ()           # what the run should say once at its start (hpcfl.engine.job)
     lanes: object = None        # hpcfl.client.lanes.Lanes when clients train side by side on CPU threads
+    tables: object = None       # hpcfl.parallel.shared.NodeTables holding the read-only tables (share_tables)
+
+
+def share_tables(s: Setup, comm) -> None:
+    """Collective over ``comm``, after every rank's :func:`prepare` succeeded: the read-only tables
+    over all N clients move into the node's shared windows (:mod:`hpcfl.parallel.shared`), each
+    rank dropping its private copy. :func:`release_tables` gives them back at the end of the run.
+
+    Shared: the partition (every client's sample indices, its sizes and offsets), the owner of
+    every client, the class counts, and the per-client evaluation's (test row, client) pairs.
+    Private: the slot table (each rank's own) and everything a rank writes.
+    """
+    from ..data.partition import Groups
+    from ..parallel.shared import NodeTables
+
+    tables = NodeTables(comm)
+    if not tables.on:
+        tables.free()
+        return
+    s.tables = tables
+    s.client_offset = tables.share(s.client_offset)
+    s.sizes = tables.share(s.sizes)
+    s.owner = tables.share(s.owner)
+    s.class_counts = tables.share(s.class_counts)
+    if s.device.type == "cpu":   # on a GPU the index lives in device memory, one copy per GPU
+        index = tables.share(s.client_index.numpy())
+        with warnings.catch_warnings():   # read-only numpy views: nothing writes through the tensor either
+            warnings.simplefilter("ignore", UserWarning)
+            s.client_index = torch.from_numpy(index)
+        s.parts = Groups(index, s.sizes, s.client_offset[1:])
+    if s.client_eval is not None:
+        ce = s.client_eval
+        ce.sizes, ce.sample, ce.client = tables.share(ce.sizes), tables.share(ce.sample), tables.share(ce.client)
+
+
+def release_tables(s: Setup) -> None:
+    """Collective over the node: free :func:`share_tables`' windows at the end of a run. The tables
+    go with them (set to None): nothing may read them afterwards."""
+    if s.tables is None:
+        return
+    s.tables.free()
+    s.tables = None
+    s.client_offset = s.sizes = s.owner = s.class_counts = s.client_index = s.parts = None
+    if s.client_eval is not None:
+        s.client_eval.sizes = s.client_eval.sample = s.client_eval.client = None
 
 
 def prepare(cfg, comm) -> Setup:

@@ -84,8 +84,17 @@ def test_natural_test_rows_survive_the_round_trip(tmp_path):
     assert [list(c) for c in back.natural_clients] == [[0, 1, 2, 3], [4, 5, 6, 7, 8]]
 
 
+def test_a_miss_hands_back_the_entry_it_wrote_mapped(tmp_path):
+    """The generated arrays are dropped for the written entry, mapped: the pages are then the file's,
+    shared with the node's other ranks, not this process's own."""
+    first = data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    assert all(isinstance(getattr(first, f), np.memmap) for f in ("x_train", "y_train", "x_test", "y_test"))
+    same(first, data.load_dataset("synthetic_images", SMALL, None, 0, "off"))
+
+
 def test_a_damaged_file_is_generated_again_and_replaced(tmp_path, capsys):
-    good = data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(tmp_path))
+    good = data.load_dataset("synthetic_images", SMALL, None, 0, "off")   # in memory: the entry gets damaged
     path = cache.path_for(tmp_path, "synthetic_images", SMALL, 0)
     npy = path / "x_train.npy"
     npy.write_bytes(npy.read_bytes()[:100])          # damaged by some other tool
@@ -199,7 +208,8 @@ def test_a_planted_entry_where_others_can_write_is_never_used(tmp_path, capsys, 
     """Every training label shifted by one and meta.json recomputed to match was trained on (issue
     37.1): the hashes only catch damage. Now the entry is not read and the data is generated."""
     root = tmp_path / "cache"
-    fresh = data.load_dataset("synthetic_images", SMALL, None, 0, str(root))
+    data.load_dataset("synthetic_images", SMALL, None, 0, str(root))
+    fresh = data.load_dataset("synthetic_images", SMALL, None, 0, "off")   # in memory: the entry is rewritten below
     entry = cache.path_for(root, "synthetic_images", SMALL, 0)
     y = np.load(entry / "y_train.npy")
     np.save(entry / "y_train.npy", (y + 1) % 10)            # the plant, with its hash and stamp recorded

@@ -1,0 +1,83 @@
+"""Read-only per-client tables held once per node, in MPI-3 shared memory windows.
+
+Every rank needs some tables over all N clients: the partition (every client's sample
+indices, so that any rank can train any client), each client's class counts (the
+samplers' and FedDisco's inputs, the results file's partition record), and the per-client
+evaluation's (test row, client) pairs. They are computed the same way on every rank, from
+the same seeds, so R ranks of a node used to hold R identical copies: at 1M clients about
+0.41 KB per client and rank (docs/performance.md, "Memory you can plan").
+
+:class:`NodeTables` moves such a table into a window that the node's first rank allocates
+with ``MPI.Win.Allocate_shared`` and fills; the others map the same pages, and each rank
+drops its private copy. The views are read-only (numpy's writeable flag is off), so a stray
+write raises instead of changing every rank's table at once. A table smaller than
+:data:`MIN_BYTES` stays private (a window costs a page and a collective).
+
+Every rank of the node must call :meth:`NodeTables.share` for the same tables in the same
+order: the calls are collective over the node communicator. :func:`hpcfl.engine.setup.share_tables`
+makes them after every rank's set-up succeeded (the run agrees on that first), so no rank waits
+in a window that another will never reach; :func:`hpcfl.engine.setup.release_tables` frees them
+when the run has ended on every rank (a run that fails leaves them to ``MPI_Finalize``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_BYTES = 1 << 20   # tables under 1 MiB stay private
+
+
+class NodeTables:
+    """The node's shared windows for one run; :meth:`free` releases them (collective).
+
+    Parameters
+    ----------
+    comm : MPI communicator
+        The run's communicator; its ranks on one node share (``COMM_TYPE_SHARED``).
+    """
+
+    def __init__(self, comm):
+        self.node = None
+        self.windows: list = []
+        if comm.size > 1:
+            from mpi4py import MPI
+
+            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+        self.shared_bytes = 0   # bytes this node holds once instead of once per rank
+
+    @property
+    def on(self) -> bool:
+        return self.node is not None and self.node.size > 1
+
+    def share(self, table: np.ndarray) -> np.ndarray:
+        """``table`` held once per node: a read-only view of a shared window, or ``table`` itself.
+
+        Collective over the node's ranks, which must pass tables of the same shape and dtype
+        (their values are taken from the node's first rank).
+        """
+        table = np.ascontiguousarray(table)
+        if not self.on or table.nbytes < MIN_BYTES:
+            return table
+        from mpi4py import MPI
+
+        leader = self.node.rank == 0
+        win = MPI.Win.Allocate_shared(table.nbytes if leader else 0, table.itemsize, comm=self.node)
+        self.windows.append(win)
+        buf, _ = win.Shared_query(0)
+        view = np.ndarray(table.shape, dtype=table.dtype, buffer=buf)
+        if leader:
+            view[...] = table
+        self.node.Barrier()   # filled before anyone reads it
+        view.flags.writeable = False
+        self.shared_bytes += table.nbytes
+        return view
+
+    def free(self) -> None:
+        """Release the windows and the node communicator (collective over the node). Views handed
+        out must not be used afterwards."""
+        for win in self.windows:
+            win.Free()
+        self.windows = []
+        if self.node is not None:
+            self.node.Free()
+            self.node = None
