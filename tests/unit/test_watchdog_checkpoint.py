@@ -159,3 +159,42 @@ def test_a_run_tells_the_watchdog_each_checkpoints_exact_size_and_notes_a_big_on
     assert size > 7 * 1210 * 4                                 # the 7 clients' table is in it
     out = capsys.readouterr().out
     assert f"hpcfl: note: a checkpoint of this run's state ({size / 1e9:.3g} GB) takes about {size:.0f} s" in out
+
+
+def test_the_state_size_counts_every_ranks_rows_the_model_and_the_servers_arrays(monkeypatch):
+    """Rank 0 of 2 holds 2 of 5 clients' rows: a (5, 3) float64 table is 120 bytes, a float32 (5, 2)
+    one 40, the server's 2 float64 16 (one not started yet: 0), the float32 model of 4 values 16."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hpcfl.engine import resume
+    from hpcfl.state import ClientTable, ServerArray
+
+    a, b = np.zeros((2, 3)), np.zeros((2, 2), dtype=np.float32)
+    items = [ClientTable("a", 3, get=lambda: a, set=None), ClientTable("b", 2, get=lambda: b, set=None),
+             ServerArray("g", get=lambda: np.zeros(2), set=None), ServerArray("h", get=lambda: None, set=None)]
+    monkeypatch.setattr(resume, "state_items", lambda s: items)
+    s = SimpleNamespace(owner=np.array([0, 1, 1, 0, 1]), model=SimpleNamespace(length=4, flat=torch.zeros(4)))
+    assert resume.state_bytes(s) == 120 + 40 + 16 + 16
+
+
+def test_run_control_passes_the_size_to_its_watchdog():
+    class One:
+        rank, size = 0, 1
+
+    rc = control.RunControl(One(), None, 0.0)
+    rc.expect_checkpoint(123_000_000)
+    assert rc.watchdog.checkpoint_bytes == 123_000_000 and rc.watchdog.checkpoint_allowance() == 6.15
+    rc.close()
+
+
+def test_before_any_round_or_checkpoint_finished_a_kind_seen_before_still_gets_startup_s():
+    """The allowance holds while there is no history of the phase's own sort (rounds, or checkpoints),
+    even for a kind that has ended once already in this first round."""
+    w, clock = dog()
+    w.enter("train", 0)
+    clock.t += 1.0
+    w.enter("reduce", 0)
+    w.enter("train", 0)                                        # "train" has finished once, no round has
+    assert w.limit() == 600.0
