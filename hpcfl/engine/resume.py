@@ -31,19 +31,6 @@ def state_items(s) -> list:
     return s.algo.state() + list(getattr(accumulator(s), "state", list)())
 
 
-def state_bytes(s) -> int:
-    """Rank 0: the bytes a checkpoint would write now (the model, the server's arrays, every client
-    table's N rows), before HDF5's few kB of metadata."""
-    n = s.model.length * s.model.flat.element_size()
-    for it in state_items(s):
-        if isinstance(it, ServerArray) and it.get() is not None:
-            n += np.asarray(it.get()).nbytes
-    for t in _tables(s):
-        rows = t.get()
-        n += len(s.owner) * rows.shape[1] * rows.itemsize
-    return int(n)
-
-
 TAG = 0x4843   # the tag of the rows' messages (nothing else is in flight during a checkpoint)
 
 
@@ -77,6 +64,18 @@ def _recv(comm, out: np.ndarray, source: int) -> None:
 
 def _tables(s) -> list:
     return sorted((it for it in state_items(s) if isinstance(it, ClientTable)), key=lambda t: t.name)
+
+
+def state_bytes(s) -> int:
+    """Rank 0: the bytes a checkpoint would write now (the model, the server's arrays, every client
+    table's N rows), before HDF5's few kB of metadata. No table is copied off its device."""
+    n = s.model.length * s.model.flat.element_size()
+    for it in state_items(s):
+        value = it.get() if isinstance(it, ServerArray) else None
+        n += 0 if value is None else np.asarray(value).nbytes
+    for t in _tables(s):
+        n += len(s.owner) * t.width * _dtype(t).itemsize
+    return int(n)
 
 
 def _home_row(s, lo: int) -> int:
