@@ -162,8 +162,8 @@ def test_a_run_tells_the_watchdog_each_checkpoints_exact_size_and_notes_a_big_on
 
 
 def test_the_state_size_counts_every_ranks_rows_the_model_and_the_servers_arrays(monkeypatch):
-    """Rank 0 of 2 holds 2 of 5 clients' rows: a (5, 3) float64 table is 120 bytes, a float32 (5, 2)
-    one 40, the server's 2 float64 16 (one not started yet: 0), the float32 model of 4 values 16."""
+    """Rank 0 of 2 holds 2 of 5 clients' rows: a (5, 3) float64 table is 120 bytes (its dtype from
+    rows(), as resume._dtype takes it), a float32 (5, 2) one 40, the server's 2 float64 16 (one not started yet: 0), the float32 model of 4 values 16."""
     from types import SimpleNamespace
 
     import torch
@@ -171,8 +171,12 @@ def test_the_state_size_counts_every_ranks_rows_the_model_and_the_servers_arrays
     from hpcfl.engine import resume
     from hpcfl.state import ClientTable, ServerArray
 
-    a, b = np.zeros((2, 3)), np.zeros((2, 2), dtype=np.float32)
-    items = [ClientTable("a", 3, get=lambda: a, set=None), ClientTable("b", 2, get=lambda: b, set=None),
+    def on_device():   # a RowTable's get() copies a GPU table to the host: the size must not need it
+        raise AssertionError("get() of a table that gives rows()")
+
+    b = np.zeros((2, 2), dtype=np.float32)
+    items = [ClientTable("a", 3, get=on_device, set=None, rows=lambda slots: np.zeros((len(slots), 3))),
+             ClientTable("b", 2, get=lambda: b, set=None),
              ServerArray("g", get=lambda: np.zeros(2), set=None), ServerArray("h", get=lambda: None, set=None)]
     monkeypatch.setattr(resume, "state_items", lambda s: items)
     s = SimpleNamespace(owner=np.array([0, 1, 1, 0, 1]), model=SimpleNamespace(length=4, flat=torch.zeros(4)))
