@@ -54,7 +54,7 @@ PAUSE_GAP_S = 5.0
 CHECKPOINT = "checkpoint"   # the phase kind timed apart from the rounds
 
 # Checkpoints through rank 0 (hpcfl.engine.resume.write) were measured at 1 GB in 5.1 s, 2 GB in
-# 12.7 s and 4 GB in 31.7 s on 2 ranks (issue 47): 126-196 MB/s, slower as the state grows.
+# 12.7 s and 4 GB in 31.7 s on 2 ranks: 126-196 MB/s, slower as the state grows (docs/reliability.md).
 SAVE_RATE = 125e6       # bytes/s: the slowest measured, for the estimate said at start (job.py)
 ALLOWANCE_RATE = 20e6   # bytes/s: the watchdog's allowance, about 6x slower than the slowest measured
                         # (a shared file system under load, a busy node), so a healthy save is never ended
