@@ -280,7 +280,8 @@ class WatchdogSection:
                          "round before the phase, whichever is longer"})
     startup_s: float = field(default=600.0, metadata={
         "gt": 0, "help": "derived limit: at least this many seconds before a first round has finished in this "
-                         "process, and in a first evaluation or checkpoint (compilation, first writes)"})
+                         "process, and in a first evaluation or checkpoint (compilation, first writes; a checkpoint "
+                         "also gets its state's size at 20 MB/s)"})
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,10 @@ class RunControl:
         self.watchdog.enter(name, rnd, kind)
         self.faults.check(name, rnd)
 
+    def expect_checkpoint(self, nbytes: int) -> None:
+        """The checkpoint being written holds ``nbytes`` bytes: the watchdog's allowance for it."""
+        self.watchdog.expect_checkpoint(nbytes)
+
     def check_update(self, cid: int, rnd: int, norm: float) -> str | None:
         """None if an update of L2 norm ``norm`` may be averaged in, else why not.
 

@@ -35,7 +35,7 @@ from . import planning, resume, simulation
 from .control import RunControl, fault_notice, write_failed
 from .setup import release_tables, share_tables
 from .events import Callbacks
-from .watchdog import Limits
+from .watchdog import Limits, checkpoint_note
 
 
 def batching(flush_seconds: float) -> dict:
@@ -216,7 +216,8 @@ class JobRun:
         if any(d != "cpu" for d, _ in placed):   # which GPU each rank took (docs/guide.md, "Devices")
             for _, line in placed:
                 print(f"hpcfl: {line}", flush=True)
-        for note in (*cfg.notes, *notices.start_notes(cfg), *s.algo.notes, *s.notes):
+        big = checkpoint_note(resume.state_bytes(s))   # would outlast the Slurm templates' signal margin
+        for note in (*cfg.notes, *notices.start_notes(cfg), *s.algo.notes, *s.notes, *([big] if big else [])):
             print(f"hpcfl: note: {note}", flush=True)
 
     # ---- 4. loop -----------------------------------------------------------------------------
@@ -288,6 +289,8 @@ class JobRun:
         behind a checkpoint, docs/reliability.md); the old run set aside by ``force`` is deleted once
         the new one can resume on its own. A failed save is raised on every rank."""
         comm, s, cfg = self.comm, self.setup, self.cfg
+        # Every rank's watchdog gives this checkpoint an allowance for its size (rank 0 knows the server's arrays).
+        self.control.expect_checkpoint(comm.bcast(resume.state_bytes(s) if comm.rank == 0 else None, root=0))
         failure = resume.write(s, x, self.store, done, meta={"sim_time": sim_time, "config": cfg.to_json()},
                                manifest={"world_size": comm.size, "config_sha256": cfg.digest(),
                                          "versions": versions()}, before=self.writer.sync if comm.rank == 0 else None)

@@ -66,6 +66,18 @@ def _tables(s) -> list:
     return sorted((it for it in state_items(s) if isinstance(it, ClientTable)), key=lambda t: t.name)
 
 
+def state_bytes(s) -> int:
+    """Rank 0: the bytes a checkpoint would write now (the model, the server's arrays, every client
+    table's N rows), before HDF5's few kB of metadata. No table is copied off its device."""
+    n = s.model.length * s.model.flat.element_size()
+    for it in state_items(s):
+        value = it.get() if isinstance(it, ServerArray) else None
+        n += 0 if value is None else np.asarray(value).nbytes
+    for t in _tables(s):
+        n += len(s.owner) * t.width * _dtype(t).itemsize
+    return int(n)
+
+
 def _home_row(s, lo: int) -> int:
     """This rank's row in its tables of client ``lo``, the first of a run of clients it owns (the
     run's rows follow it in order)."""

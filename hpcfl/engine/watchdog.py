@@ -14,6 +14,15 @@ minute-long ones are both watched without tuning::
     limit = max(floor_s, factor * max(slowest round so far, this round's time before this phase))
     and at least startup_s while no round has finished, or in a phase of a kind not yet finished
 
+A round's time leaves out its checkpoint, so that after a checkpoint of many gigabytes a frozen
+rank in an ordinary phase is still found within about floor_s. The checkpoint phase has its own::
+
+    limit = max(floor_s, factor * slowest checkpoint so far, checkpoint bytes / ALLOWANCE_RATE)
+    and at least startup_s before a first checkpoint has finished
+
+where the bytes are the state the checkpoint writes (:meth:`Watchdog.expect_checkpoint`), so a
+first checkpoint's allowance grows with it.
+
 Under ``srun`` the job's exit code cannot say 75: ``MPI_Abort`` makes Slurm kill every task,
 and ``srun`` reports 137. So the first aborting rank leaves a note, which slurm/hpcfl_srun.sh
 reads to requeue (slurm/README.md): at the path it gives (``HPCFL_STALL_NOTE``), its first line
@@ -41,6 +50,14 @@ from ..parallel.exits import EXIT_RESUMABLE
 # moment): the gap is not counted against the phase. Several seconds, so that a loaded machine's
 # late wake-ups still count and a frozen peer is still found.
 PAUSE_GAP_S = 5.0
+
+CHECKPOINT = "checkpoint"   # the phase kind timed apart from the rounds
+
+# Checkpoints through rank 0 (hpcfl.engine.resume.write) were measured at 1 GB in 5.1 s, 2 GB in
+# 12.7 s and 4 GB in 31.7 s on 2 ranks: 126-196 MB/s, slower as the state grows (docs/reliability.md).
+SAVE_RATE = 125e6       # bytes/s: the slowest measured, for the estimate said at start (job.py)
+ALLOWANCE_RATE = 20e6   # bytes/s: the watchdog's allowance, about 6x slower than the slowest measured
+                        # (a shared file system under load, a busy node), so a healthy save is never ended
 
 
 @dataclass(frozen=True)
@@ -104,7 +121,10 @@ class Watchdog:
         self.where, self.kind = ("start-up", -1), "start-up"
         self.since = self.round_start = self._now()
         self.round_rnd = None           # the round being timed
-        self.slowest = None             # the slowest finished round, seconds
+        self.slowest = None             # the slowest finished round, its checkpoint left out, seconds
+        self.round_checkpoint = 0.0     # seconds the current round spent checkpointing
+        self.slowest_checkpoint = None  # the slowest finished checkpoint, seconds
+        self.checkpoint_bytes = 0       # the size of the state a checkpoint writes (expect_checkpoint)
         self.finished: set[str] = set()   # phase kinds that ran to their end at least once
         self.last_checkpoint = None     # rounds done at this process's newest checkpoint
         self.resumed_from = 0           # rounds done at the checkpoint this process started from
@@ -125,21 +145,38 @@ class Watchdog:
         what costs differently under one name (an evaluating round's "eval" from a recording one)."""
         now = self._now()
         self.finished.add(self.kind)
+        if self.kind == CHECKPOINT:   # a checkpoint has finished: timed on its own, not in its round
+            took = now - self.since
+            self.round_checkpoint += took
+            self.slowest_checkpoint = took if self.slowest_checkpoint is None else max(self.slowest_checkpoint, took)
         if rnd != self.round_rnd:
-            if self.round_rnd is not None:   # the round before has finished (its checkpoint included)
-                took = now - self.round_start
+            if self.round_rnd is not None:   # the round before has finished (its checkpoint left out)
+                took = now - self.round_start - self.round_checkpoint
                 self.slowest = took if self.slowest is None else max(self.slowest, took)
-            self.round_rnd, self.round_start = rnd, now
+            self.round_rnd, self.round_start, self.round_checkpoint = rnd, now, 0.0
         self.where, self.kind, self.since = (phase, rnd), kind or phase, now
+
+    def expect_checkpoint(self, nbytes: int) -> None:
+        """The checkpoint being (or next) written holds ``nbytes`` bytes of state: its allowance."""
+        self.checkpoint_bytes = int(nbytes)
+
+    def checkpoint_allowance(self) -> float:
+        """Seconds a checkpoint of :attr:`checkpoint_bytes` gets at :data:`ALLOWANCE_RATE`."""
+        return self.checkpoint_bytes / ALLOWANCE_RATE
 
     def limit(self) -> float:
         """Seconds the current phase may last (0: not watched)."""
         lim = self.limits
         if lim.fixed is not None:
             return lim.fixed
-        before = self.since - self.round_start   # this rank's own share of the round so far
-        out = max(lim.floor_s, lim.factor * max(self.slowest or 0.0, before))
-        if self.slowest is None or self.kind not in self.finished or self.where[1] in self.remembered:
+        if self.kind == CHECKPOINT:   # from checkpoints alone: the round's work is done on every rank
+            base = self.slowest_checkpoint
+            out = max(lim.floor_s, lim.factor * (base or 0.0), self.checkpoint_allowance())
+        else:
+            base = self.slowest
+            before = self.since - self.round_start - self.round_checkpoint   # this rank's own share so far
+            out = max(lim.floor_s, lim.factor * max(base or 0.0, before))
+        if base is None or self.kind not in self.finished or self.where[1] in self.remembered:
             out = max(out, lim.startup_s)
         return out
 
@@ -168,6 +205,12 @@ class Watchdog:
         lim = self.limits
         if lim.fixed is not None:
             why = f"watchdog.timeout_s = {lim.fixed:g}"
+        elif self.kind == CHECKPOINT:
+            slowest = "none finished yet" if self.slowest_checkpoint is None else f"{self.slowest_checkpoint:.3g} s"
+            why = (f"derived: max(watchdog.floor_s = {lim.floor_s:g}, watchdog.factor = {lim.factor:g} x the slowest "
+                   f"checkpoint ({slowest}), {self.checkpoint_bytes / 1e9:.3g} GB of state at "
+                   f"{ALLOWANCE_RATE / 1e6:g} MB/s), at least watchdog.startup_s = {lim.startup_s:g} in a first "
+                   f"checkpoint")
         else:
             slowest = "none finished yet" if self.slowest is None else f"{self.slowest:.3g} s"
             why = (f"derived: max(watchdog.floor_s = {lim.floor_s:g}, watchdog.factor = {lim.factor:g} x the slowest "
@@ -234,6 +277,25 @@ class Watchdog:
             if self._stopped.wait(1.0):   # the run ended in the pause: nothing left to abort
                 return
             self.comm.Abort(EXIT_RESUMABLE)
+
+
+# The Slurm templates send USR1 this long before the time limit (``#SBATCH --signal=B:USR1@300``):
+# the time a stopped run has for its checkpoint. They export no variable for it, so it is assumed.
+SIGNAL_MARGIN_S = 300.0
+
+
+def checkpoint_note(nbytes: int, margin_s: float = SIGNAL_MARGIN_S) -> str | None:
+    """A start-up note when a checkpoint of ``nbytes`` bytes, at :data:`SAVE_RATE`, would outlast
+    the templates' signal margin (a run stopped at its time limit would be killed mid-save); else None."""
+    est = nbytes / SAVE_RATE
+    if est <= margin_s:
+        return None
+    return (f"a checkpoint of this run's state ({nbytes / 1e9:.3g} GB) takes about {est:.0f} s through rank 0 "
+            f"(at {SAVE_RATE / 1e6:g} MB/s), longer than the {margin_s:g} s the Slurm templates leave between "
+            f"their stop signal and the time limit (#SBATCH --signal=B:USR1@{margin_s:g}; assumed, hpcfl cannot "
+            f"read it): a job stopped by its time limit would be killed during that checkpoint and resume from "
+            f"the one before. Raise the margin in the template's --signal line to at least {2 * est:.0f} s, or "
+            f"checkpoint less state (fewer clients, a smaller model)")
 
 
 def remembered_rounds(path: Path) -> set[int]:
