@@ -34,8 +34,13 @@ SIGNAL_MARGIN_S = 300.0   # slurm/*.sbatch: --signal=B:USR1@300
 # Model-sized buffers a rank holds (k in k * P * b): the model, its gradient, the round-start
 # copy, the local solver's momentum, the delta, and the float64 reduction buffer (2 of b=4).
 MODEL_COPIES = 7
-RESULTS_HEADER_BYTES = 96 << 10   # attributes, groups, empty columns' headers: an empty results.h5
-CHECKPOINT_FIXED_BYTES = 64 << 10   # RNG states, metadata, HDF5's headers
+RESULTS_HEADER_BYTES = 64 << 10   # attributes, groups, empty columns' headers: an empty results.h5
+CHECKPOINT_FIXED_BYTES = 12 << 10   # RNG states, metadata, HDF5's headers
+# A running rank's working memory beyond its tables: the round's and evaluation's buffers, the
+# results writer, the allocator's slack. Measured: peak RSS less the other terms, 82 MB (FedAvg,
+# 200,000 clients, logreg) and 98 MB (quickstart) on 1 rank; docs/performance.md.
+WORKING_BYTES = 90 << 20
+CHECKPOINT_BLOCK = 64 << 20   # rank 0 holds one block of another rank's rows while it saves (io/ckptblocks)
 
 
 @dataclass
@@ -64,9 +69,20 @@ class Plan:
         return asdict(self)
 
 
+def imported_rss() -> int:
+    """M_0: this process's resident bytes once it has imported what a run imports (torch, the
+    engine, mpi4py, h5py), before any data."""
+    import h5py  # noqa: F401
+    import torch  # noqa: F401
+    from mpi4py import MPI  # noqa: F401
+
+    from .engine import job  # noqa: F401
+
+    return base_rss()
+
+
 def base_rss() -> int:
-    """This process's resident bytes now (Linux ``/proc/self/statm``): M_0 once torch and hpcfl
-    are imported, before any data."""
+    """This process's resident bytes now (Linux ``/proc/self/statm``)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -81,7 +97,7 @@ def node_memory() -> int:
 
 
 def results_bytes(metric_bytes: int, client_bytes: int, eval_bytes: int, cohort: int, clients: int,
-                  rounds: int, eval_rounds: int, counts_bytes: int, chunk: int) -> tuple[int, int]:
+                  rounds: int, eval_rounds: int, counts_bytes: int, chunk: int, model_bytes: int = 0) -> tuple[int, int]:
     """(logical bytes of an average round, the file after ``rounds``).
 
     Parameters
@@ -94,6 +110,8 @@ def results_bytes(metric_bytes: int, client_bytes: int, eval_bytes: int, cohort:
         Rounds in the run; of them, rounds with per-client evaluation (0 without).
     counts_bytes : int
         ``/partition/class_counts``, N x C x 8.
+    model_bytes : int
+        The final model, written at the end.
     chunk : int
         Rows per HDF5 chunk: a column takes whole chunks.
     """
@@ -101,7 +119,7 @@ def results_bytes(metric_bytes: int, client_bytes: int, eval_bytes: int, cohort:
         return -(-rows // chunk) * chunk * row_bytes
 
     per_round = metric_bytes + cohort * client_bytes + clients * eval_bytes * eval_rounds / max(rounds, 1)
-    total = (RESULTS_HEADER_BYTES + counts_bytes + chunked(rounds, metric_bytes) + chunked(rounds * cohort, client_bytes)
+    total = (RESULTS_HEADER_BYTES + counts_bytes + model_bytes + chunked(rounds, metric_bytes) + chunked(rounds * cohort, client_bytes)
              + chunked(eval_rounds * clients, eval_bytes))
     return int(per_round), int(total)
 
@@ -165,7 +183,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     if ranks < 1 or nodes < 1 or nodes > ranks:
         raise ConfigError(f"--ranks {ranks} over --nodes {nodes}: give at least one rank and one node, "
                           f"and no more nodes than ranks")
-    base = base_rss() if base is None else base
+    base = imported_rss() if base is None else base
     n = cfg.data.num_clients
     own = owners(n, ranks, cfg.runtime.placement)   # the run's check and message: more ranks than clients
     per_rank = int(np.bincount(own, minlength=ranks).max())
@@ -173,7 +191,11 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     cached = None
     if not _is_plugin(cfg.data.dataset):
         cached = data.uses_cache(cfg.data.dataset, cfg.data.cache)
+    before = base_rss()
     ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
+    arrays = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+    dataset = sum(a.nbytes for a in arrays)
+    loader = max(0, base_rss() - before - dataset)   # modules the loader imports (sklearn for digits)
     parts = data.make_partition(cfg.data.partition, ds.y_train, n, cfg.partition_options, cfg.run.seed, ds)
     if len(parts) != n:
         raise ConfigError(f"data.num_clients = {n} but the partition made {len(parts)} clients; "
@@ -192,8 +214,6 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     counts = data.class_counts_flat(ds.y_train, index, sizes, ds.num_classes)
 
     # D: the arrays, and a private copy where the run converts the inputs to the model's dtype
-    arrays = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
-    dataset = sum(a.nbytes for a in arrays)
     convert = sum(a.size * b for a in (ds.x_train, ds.x_test) if a.dtype != np.dtype(f"f{b}"))
     # T_N: the tables over all N clients every rank holds (setup.prepare, the sampler, evaluation)
     tables = {"partition index": index.nbytes, "sizes, owner, slot, offsets": 4 * 8 * n + 8,
@@ -209,11 +229,14 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
         eval_rounds = 0
     state = algo.tables()
     row_bytes = sum(t.width * t.get().dtype.itemsize for t in state)
-    server = sum(np.asarray(a.get()).nbytes if a.get() is not None else model.length * 8
-                 for a in algo.state() if not hasattr(a, "width"))
-    terms = {"M_0 (python, torch, hpcfl)": base, "dataset": dataset + convert, "tables over N clients": sum(tables.values()),
+    server = sum(np.asarray(a.get()).nbytes for a in algo.state() if not hasattr(a, "width") and a.get() is not None)
+    terms = {"M_0 (python, torch, hpcfl, mpi4py, h5py)": base, "dataset's loader (imports)": loader,
+             "dataset": dataset + convert, "tables over N clients": sum(tables.values()),
              **{f"  {k}": v for k, v in tables.items()},
-             "per-client state (own)": per_rank * row_bytes, "model copies": MODEL_COPIES * model.length * b + server}
+             "per-client state (own)": per_rank * row_bytes, "model copies": MODEL_COPIES * model.length * b + server,
+             "working memory (rounds, results)": WORKING_BYTES}
+    ckpt = CHECKPOINT_FIXED_BYTES + model.length * b + server + n * row_bytes
+    terms["checkpoint block (rank 0)"] = min(CHECKPOINT_BLOCK, ckpt)   # while it saves
     rank = sum(v for k, v in terms.items() if not k.startswith(" "))
     if cached:   # pages mapped from the cache: one copy per node; the converted copy stays per rank
         node = per_node * (rank - dataset) + dataset
@@ -225,8 +248,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     eval_bytes = sum(np.dtype(f.dtype).itemsize for f in CLIENT_EVAL.values())
     cohort = min(cfg.algorithm.clients_per_round, n) if cfg.algorithm.clients_per_round else n
     per_round, total = results_bytes(metric_bytes, client_bytes, eval_bytes, cohort, n, cfg.run.rounds,
-                                     eval_rounds, counts.nbytes, CHUNK)
-    ckpt = CHECKPOINT_FIXED_BYTES + model.length * b + server + n * row_bytes
+                                     eval_rounds, counts.nbytes, CHUNK, model.length * b)
     rate = save_s_per_gb if save_s_per_gb is not None else SAVE_S_PER_GB
     plan = Plan(ranks, nodes, per_node, n, per_rank, model.num_params, cached, terms, rank, node, miss, per_round,
                 total, ckpt, ckpt / 1e9 * rate,

@@ -47,8 +47,8 @@ def text(plan) -> str:
     lines = [f"{plan.ranks} rank(s) on {plan.nodes} node(s), {plan.ranks_per_node} per node; {plan.clients} clients, "
              f"up to {plan.clients_per_rank} per rank; {plan.params:,} parameters", "",
              "memory per rank (resident):"]
-    lines += [f"  {k:<34} {_mb(v):>14}" for k, v in plan.terms.items()]
-    lines += [f"  {'total per rank':<34} {_mb(plan.rank_bytes):>14}",
+    lines += [f"  {k:<42} {_mb(v):>14}" for k, v in plan.terms.items()]
+    lines += [f"  {"total per rank":<42} {_mb(plan.rank_bytes):>14}",
               f"memory per node: {_mb(plan.node_bytes)} (dataset {where})"]
     if plan.dataset_cached:
         lines.append(f"  on a cache miss (the first run): {_mb(plan.node_bytes_miss)} (the generating rank keeps "
@@ -66,11 +66,8 @@ def main(args, comm) -> int:
         return 0
     from .. import config, plan as _plan
 
-    base = _plan.base_rss()   # M_0: torch and hpcfl are imported, no data yet
     try:
-        import torch  # noqa: F401  (part of M_0, as in a run)
-
-        base = _plan.base_rss()
+        base = _plan.imported_rss()   # M_0: what a run imports, no data yet
         cfg = config.load(args.job, args.overrides, files=True)
         rate = None
         if args.measure_disk:
