@@ -48,7 +48,7 @@ def text(plan) -> str:
              f"up to {plan.clients_per_rank} per rank; {plan.params:,} parameters", "",
              "memory per rank (resident):"]
     lines += [f"  {k:<42} {_mb(v):>14}" for k, v in plan.terms.items()]
-    lines += [f"  {"total per rank":<42} {_mb(plan.rank_bytes):>14}",
+    lines += [f"  {'total per rank':<42} {_mb(plan.rank_bytes):>14}",
               f"memory per node: {_mb(plan.node_bytes)} (dataset {where})"]
     if plan.dataset_cached:
         lines.append(f"  on a cache miss (the first run): {_mb(plan.node_bytes_miss)} (the generating rank keeps "
