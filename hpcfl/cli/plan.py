@@ -11,6 +11,7 @@ input (a bad job, more ranks than clients) gets the message ``hpcfl run`` would 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -74,7 +75,8 @@ def main(args, comm) -> int:
             from pathlib import Path
             rate = _plan.measure_disk(Path(args.out or Path("runs") / cfg.run.name))
         node = int(args.node_memory * 1e9) if args.node_memory else None
-        plan = _plan.estimate(cfg, args.ranks, args.nodes, node, args.signal_margin, rate, base)
+        with contextlib.redirect_stdout(sys.stderr):   # the data's notes (cached ...): stdout is the plan's
+            plan = _plan.estimate(cfg, args.ranks, args.nodes, node, args.signal_margin, rate, base)
     except HpcflError as exc:
         print(exc, file=sys.stderr)
         return EXIT_INPUT
