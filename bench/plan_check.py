@@ -61,7 +61,7 @@ def run(job: Path, extra: list[str], ranks: int, rounds: int, out: Path) -> dict
 def plan(job: Path, extra: list[str], ranks: int, rounds: int) -> dict:
     p = subprocess.run([sys.executable, "-m", "hpcfl", "plan", str(job), "--ranks", str(ranks), "--json",
                         "--set", f"run.rounds={rounds}", *sets(extra)], check=True, capture_output=True, text=True)
-    return json.loads(p.stdout)
+    return json.loads(p.stdout)   # the terms: hpcfl plan JOB --ranks R --json
 
 
 def ok(plan_v: float, meas: float) -> str:
@@ -88,6 +88,7 @@ def main() -> None:
         for ranks in a.ranks:
             m = r2 if ranks == 1 else run(job, extra, ranks, 2, out / f"{name}_n{ranks}")
             p = plan(job, extra, ranks, 2)
+            (out / f"{name}_plan{ranks}.json").write_text(json.dumps(p, indent=1))
             print(f"| {name} | {ranks} | {p['rank_bytes'] / 1e6:.0f} / {m['peak'] / 1e6:.0f} "
                   f"({ok(p['rank_bytes'], m['peak'])}) | {p['results_round_bytes'] / 1e3:.1f} / {growth / 1e3:.1f} "
                   f"| {p4['results_total_bytes'] / 1e3:.0f} / {r4['results'] / 1e3:.0f} "
