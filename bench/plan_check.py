@@ -47,8 +47,8 @@ def run(job: Path, extra: list[str], ranks: int, rounds: int, out: Path) -> dict
     cmd = [sys.executable, "-m", "mpi4py", "-m", "hpcfl", "run", str(job), "--out", str(out), "--force",
            "--set", f"run.rounds={rounds}", "--set", "runtime.progress=none", *sets(extra)]
     wrap = [sys.executable, str(Path(__file__).resolve()), "--peak-wrap", prefix, "--", *cmd]
-    done = subprocess.run(["timeout", "-s", "KILL", "300", "mpiexec", "-n", str(ranks), *wrap], capture_output=True,
-                          text=True)
+    done = subprocess.run(["timeout", "-s", "KILL", "300", "mpiexec", "-n", str(ranks), *wrap], check=False,
+                          capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     peaks = [int(p.read_text()) * 1024 for p in Path(out).parent.glob(Path(prefix).name + ".rank*")]

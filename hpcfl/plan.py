@@ -19,7 +19,6 @@ a constant per client.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -132,8 +131,7 @@ def measure_disk(folder, nbytes: int = 256 << 20) -> float:
     t0 = time.perf_counter()
     try:
         with open(path, "wb") as f:
-            for _ in range(max(1, nbytes // len(block))):
-                f.write(block)
+            f.writelines(block for _ in range(max(1, nbytes // len(block))))
             f.flush()
             os.fsync(f.fileno())
         return (time.perf_counter() - t0) / (nbytes / 1e9)
@@ -177,8 +175,8 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     from .algorithms import Algorithm
     from .errors import ConfigError
     from .io.schema import CHUNK, CLIENT_EVAL, CLIENT_FIELDS, METRICS
-    from .params import FlatModel
     from .parallel.comm import owners
+    from .params import FlatModel
 
     if ranks < 1 or nodes < 1 or nodes > ranks:
         raise ConfigError(f"--ranks {ranks} over --nodes {nodes}: give at least one rank and one node, "

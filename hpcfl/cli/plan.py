@@ -45,8 +45,8 @@ def text(plan) -> str:
     """The plan as a readable table."""
     where = {True: "read from the cache: mapped, one copy per node", False: "loaded by every rank",
              None: "a plug-in's: loaded by every rank"}[plan.dataset_cached]
-    lines = [f"{plan.ranks} rank(s) on {plan.nodes} node(s), {plan.ranks_per_node} per node; {plan.clients} clients, "
-             f"up to {plan.clients_per_rank} per rank; {plan.params:,} parameters", "",
+    lines = [(f"{plan.ranks} rank(s) on {plan.nodes} node(s), {plan.ranks_per_node} per node; {plan.clients} "
+              f"clients, up to {plan.clients_per_rank} per rank; {plan.params:,} parameters"), "",
              "memory per rank (resident):"]
     lines += [f"  {k:<42} {_mb(v):>14}" for k, v in plan.terms.items()]
     lines += [f"  {'total per rank':<42} {_mb(plan.rank_bytes):>14}",
@@ -54,8 +54,8 @@ def text(plan) -> str:
     if plan.dataset_cached:
         lines.append(f"  on a cache miss (the first run): {_mb(plan.node_bytes_miss)} (the generating rank keeps "
                      f"a private copy)")
-    lines += ["", f"results.h5: {plan.results_round_bytes / 1e3:,.1f} KB per round, {_mb(plan.results_total_bytes)} "
-                  f"in all (HDF5 chunks of 1024 rows included)",
+    lines += ["", (f"results.h5: {plan.results_round_bytes / 1e3:,.1f} KB per round, "
+                   f"{_mb(plan.results_total_bytes)} in all (HDF5 chunks of 1024 rows included)"),
               f"checkpoint: {_mb(plan.checkpoint_bytes)}, save ~{plan.save_s:.1f} s at {plan.save_rate}"]
     lines += ["", "warnings:" if plan.warnings else "warnings: none"] + [f"  - {w}" for w in plan.warnings]
     return "\n".join(lines) + "\n"
@@ -65,7 +65,8 @@ def main(args, comm) -> int:
     """``hpcfl plan``: exit 2 on bad input."""
     if comm.rank != 0:
         return 0
-    from .. import config, plan as _plan
+    from .. import config
+    from .. import plan as _plan
 
     try:
         base = _plan.imported_rss()   # M_0: what a run imports, no data yet

@@ -13,7 +13,7 @@ import h5py
 import pytest
 
 from hpcfl import api, cli, config, plan
-from hpcfl.io.schema import CHUNK, CLIENT_FIELDS
+from hpcfl.io.schema import CLIENT_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
