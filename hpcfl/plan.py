@@ -53,6 +53,7 @@ class Plan:
     clients_per_rank: int
     params: int
     dataset_cached: bool | None          # True: mapped and shared per node; None: a plug-in's (per rank)
+    cache_hit: bool | None = None        # the cache held the dataset before this plan (else the plan made it)
     terms: dict = field(default_factory=dict)        # per-rank memory terms
     rank_bytes: int = 0
     node_bytes: int = 0
@@ -189,6 +190,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     cached = None
     if not _is_plugin(cfg.data.dataset):
         cached = data.uses_cache(cfg.data.dataset, cfg.data.cache)
+    hit = _cache_holds(cfg) if cached else None
     before = base_rss()
     ds = data.load_dataset(cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
     arrays = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
@@ -248,7 +250,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     per_round, total = results_bytes(metric_bytes, client_bytes, eval_bytes, cohort, n, cfg.run.rounds,
                                      eval_rounds, counts.nbytes, CHUNK, model.length * b)
     rate = save_s_per_gb if save_s_per_gb is not None else SAVE_S_PER_GB
-    plan = Plan(ranks, nodes, per_node, n, per_rank, model.num_params, cached, terms, rank, node, miss, per_round,
+    plan = Plan(ranks, nodes, per_node, n, per_rank, model.num_params, cached, hit, terms, rank, node, miss, per_round,
                 total, ckpt, ckpt / 1e9 * rate,
                 f"{rate:.2f} s/GB " + ("measured" if save_s_per_gb is not None else "(the development machine's)"))
     plan.warnings = warnings(plan, cfg, node_bytes or node_memory(), signal_margin)
@@ -280,3 +282,14 @@ def _is_plugin(name: str) -> bool:
     from . import plugins
 
     return plugins.is_plugin(name)
+
+
+def _cache_holds(cfg) -> bool:
+    """Whether the dataset cache holds the job's dataset now (a run would map it, not generate it)."""
+    from . import data
+    from .data.cache import path_for
+    from .native.cachedir import cache_root
+
+    spec = data.DATASETS[cfg.data.dataset]
+    opts = cfg.dataset_options if cfg.dataset_options is not None else spec.options()
+    return path_for(cache_root(cfg.data.cache), cfg.data.dataset, opts, int(cfg.run.seed)).exists()

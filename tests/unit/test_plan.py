@@ -83,6 +83,7 @@ def test_node_memory_counts_a_cached_dataset_once():
     d = p.terms["dataset"]
     assert p.node_bytes == 2 * (p.rank_bytes - d) + d
     assert p.node_bytes_miss == p.node_bytes + d
+    assert plan.estimate(tiny(**{"data.cache": "auto"}), ranks=4, nodes=2, base=0).cache_hit   # made by the first
     q = plan.estimate(tiny(**{"data.cache": "off"}), ranks=4, nodes=2, base=0)
     assert not q.dataset_cached and q.node_bytes == 2 * q.rank_bytes
 
