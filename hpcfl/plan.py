@@ -125,7 +125,9 @@ def results_bytes(metric_bytes: int, client_bytes: int, eval_bytes: int, cohort:
 
 
 def measure_disk(folder, nbytes: int = 256 << 20) -> float:
-    """Seconds per GB of a timed write of ``nbytes`` and fsync in ``folder`` (the file is removed)."""
+    """Seconds per GB of a timed write of ``nbytes`` and fsync in ``folder`` (the file is removed, and
+    the folder too if this made it)."""
+    made = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f".hpcfl-plan-disk-{os.getpid()}")
     block = np.random.default_rng(0).bytes(8 << 20)
@@ -138,6 +140,8 @@ def measure_disk(folder, nbytes: int = 256 << 20) -> float:
         return (time.perf_counter() - t0) / (nbytes / 1e9)
     finally:
         os.remove(path)
+        if made:
+            os.rmdir(folder)
 
 
 def _eval_rounds(run) -> int:

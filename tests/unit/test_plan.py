@@ -130,3 +130,4 @@ def test_warnings_name_the_problem_and_the_fix():
 def test_measured_disk_rate(tmp_path):
     rate = plan.measure_disk(tmp_path, 16 << 20)
     assert rate > 0 and list(tmp_path.iterdir()) == []   # the file is removed
+    assert plan.measure_disk(tmp_path / "new", 8 << 20) > 0 and not (tmp_path / "new").exists()   # and a folder it made
