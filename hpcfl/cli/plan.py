@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
 
 
 def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} KB"
 
 
 def text(plan) -> str:
