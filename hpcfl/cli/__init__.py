@@ -1,4 +1,4 @@
-"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench | export | data``.
+"""Command line: ``hpcfl run | info | partition | report | plot | sweep | config | bench | export | data | plan``.
 
 ``run`` is :mod:`hpcfl.cli.run`; ``info`` and ``partition`` are here; the others live in their
 own modules (:data:`EXTERNAL`). Exit codes of ``hpcfl run``: 0 finished (or already finished),
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 # main(args, comm) -> exit code, and imports nothing heavy at module level.
 EXTERNAL = {"report": "hpcfl.cli.report", "plot": "hpcfl.cli.plot", "sweep": "hpcfl.cli.sweep",
             "config": "hpcfl.cli.config_cmd", "bench": "hpcfl.bench", "export": "hpcfl.cli.export",
-            "data": "hpcfl.cli.data_cmd"}
+            "data": "hpcfl.cli.data_cmd", "plan": "hpcfl.cli.plan"}
 
 
 def cmd_info(args, comm) -> int:
