@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .parallel.shared import MIN_BYTES
+
 # Checkpoint save seconds per GB of state: least squares through 0 of 5.1, 12.7 and 31.7 s at
 # 1, 2 and 4 GB (SCAFFOLD on 2 ranks, every byte through rank 0, the 2-core development machine;
 # docs/performance.md). This machine's rate, not a cluster's: use --measure-disk there.
@@ -57,7 +59,7 @@ class Plan:
     terms: dict = field(default_factory=dict)        # per-rank memory terms
     rank_bytes: int = 0
     node_bytes: int = 0
-    node_bytes_miss: int = 0             # the node on a cache miss (the generating rank's private copy)
+    node_bytes_miss: int = 0             # the node's peak on a cache miss (the generating rank's arrays)
     results_round_bytes: int = 0         # logical bytes of an average round
     results_total_bytes: int = 0         # the file after run.rounds, chunks included
     checkpoint_bytes: int = 0
@@ -219,34 +221,41 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
 
     # D: the arrays, and a private copy where the run converts the inputs to the model's dtype
     convert = sum(a.size * b for a in (ds.x_train, ds.x_test) if a.dtype != np.dtype(f"f{b}"))
-    # T_N: the tables over all N clients every rank holds (setup.prepare, the sampler, evaluation)
-    tables = {"partition index": index.nbytes, "sizes, owner, slot, offsets": 4 * 8 * n + 8,
-              "class counts": counts.nbytes, "sampler": algo.sampler.static.nbytes}
-    if flat is None:
-        tables["partition lists"] = sum(p.nbytes for p in parts) + 112 * n
+    # T_N: the tables over all N clients every rank reads (setup.prepare, the sampler, evaluation). The
+    # read-only arrays (each of at least MIN_BYTES) live once per node when a node has several ranks
+    # (hpcfl.engine.setup.share_tables): their sizes, per table
+    arrays = {"partition index": [index.nbytes], "sizes, owner, offsets": [8 * n, 8 * n, 8 * n + 8],
+              "class counts": [counts.nbytes]}
+    private = {"slot": 8 * n, "sampler": algo.sampler.static.nbytes}
+    if flat is None and per_node == 1:   # per-client arrays, which share_tables replaces by views of the index
+        private["partition lists"] = sum(p.nbytes for p in parts) + 112 * n
     if cfg.run.eval_clients and getattr(module, "loss", None) is None:
         from .data.client_test import client_test_pairs
         ev_sizes, sample, client = client_test_pairs(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min)
-        tables["evaluation rows"] = ev_sizes.nbytes + sample.nbytes + client.nbytes + 2 * 8 * n
+        arrays["evaluation pairs and sizes"] = [ev_sizes.nbytes, sample.nbytes, client.nbytes]
+        private["evaluation sums"] = 2 * 8 * n
         eval_rounds = _eval_rounds(cfg.run)
     else:
         eval_rounds = 0
+    tables = {**{k: sum(v) for k, v in arrays.items()}, **private}
+    shared = 0 if per_node == 1 else sum(b for v in arrays.values() for b in v if b >= MIN_BYTES)
     state = algo.tables()
     row_bytes = sum(t.width * t.get().dtype.itemsize for t in state)
     server = sum(np.asarray(a.get()).nbytes for a in algo.state() if not hasattr(a, "width") and a.get() is not None)
     terms = {"M_0 (python, torch, hpcfl, mpi4py, h5py)": base, "dataset's loader (imports)": loader,
              "dataset": dataset + convert, "tables over N clients": sum(tables.values()),
-             **{f"  {k}": v for k, v in tables.items()},
+             **{f"  {k}": v for k, v in tables.items()}, "  of which shared per node": shared,
              "per-client state (own)": per_rank * row_bytes, "model copies": MODEL_COPIES * model.length * b + server,
              "working memory (rounds, results)": WORKING_BYTES}
     ckpt = CHECKPOINT_FIXED_BYTES + model.length * b + server + n * row_bytes
     terms["checkpoint block (rank 0)"] = min(CHECKPOINT_BLOCK, ckpt)   # while it saves
     rank = sum(v for k, v in terms.items() if not k.startswith(" "))
+    # a rank's resident memory counts the shared pages it reads; a node holds them once
     if cached:   # pages mapped from the cache: one copy per node; the converted copy stays per rank
-        node = per_node * (rank - dataset) + dataset
-        miss = node + dataset   # the generating rank keeps its own arrays
+        node = per_node * (rank - dataset - shared) + dataset + shared
+        miss = node + dataset   # while the generating rank holds its arrays, before it maps the entry it wrote
     else:
-        node = miss = per_node * rank
+        node = miss = per_node * (rank - shared) + shared
     metric_bytes = sum(np.dtype(f.dtype).itemsize for f in {**METRICS, **algo.round_fields}.values())
     client_bytes = sum(np.dtype(f.dtype).itemsize for f in {**CLIENT_FIELDS, **algo.client_fields}.values())
     eval_bytes = sum(np.dtype(f.dtype).itemsize for f in CLIENT_EVAL.values())

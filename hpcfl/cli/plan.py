@@ -53,8 +53,8 @@ def text(plan) -> str:
               f"memory per node: {_mb(plan.node_bytes)} (dataset {where})"]
     if plan.dataset_cached:
         now = "the cache held it" if plan.cache_hit else "it was not in the cache: this plan generated it"
-        lines.append(f"  on a cache miss (the first run): {_mb(plan.node_bytes_miss)} (the generating rank keeps "
-                     f"a private copy); {now}")
+        lines.append(f"  on a cache miss (the first run): {_mb(plan.node_bytes_miss)} (at its peak: the generating "
+                     f"rank holds its arrays until it has written and mapped the entry); {now}")
     lines += ["", (f"results.h5: {plan.results_round_bytes / 1e3:,.1f} KB per round, "
                    f"{_mb(plan.results_total_bytes)} in all (HDF5 chunks of 1024 rows included)"),
               f"checkpoint: {_mb(plan.checkpoint_bytes)}, save ~{plan.save_s:.1f} s at {plan.save_rate}"]

@@ -50,12 +50,15 @@ def test_terms_of_a_tiny_job_by_hand():
     assert (p.params, p.clients, p.clients_per_rank, p.ranks_per_node) == (15, 7, 4, 2)
     t = p.terms
     assert t["  partition index"] == 70 * 8                # 8 B per training sample
-    assert t["  sizes, owner, slot, offsets"] == 4 * 8 * 7 + 8
+    assert t["  sizes, owner, offsets"] == 3 * 8 * 7 + 8
+    assert t["  slot"] == 7 * 8
     assert t["  class counts"] == 7 * 3 * 8                # N x C x 8 B
     assert t["  sampler"] == 7 * 8                         # static weights, float64
     # held-out rows: sizes (N), pairs (row, client) of 8 B each, 2N float64 sums; 10 rows a client here
-    assert t["  evaluation rows"] == 7 * 8 + 70 * 16 + 2 * 7 * 8
+    assert t["  evaluation pairs and sizes"] == 7 * 8 + 70 * 16
+    assert t["  evaluation sums"] == 2 * 7 * 8
     assert t["tables over N clients"] == 560 + 232 + 168 + 56 + 1288
+    assert t["  of which shared per node"] == 0            # every array under hpcfl.parallel.shared.MIN_BYTES
     assert t["per-client state (own)"] == 4 * 15 * 4       # SCAFFOLD's c_i: 4 own clients x P x float32
     assert t["dataset"] == 70 * 4 * 4 + 70 * 8 + 60 * 4 * 4 + 60 * 8
     assert t["model copies"] == plan.MODEL_COPIES * 15 * 4 + 15 * 4   # + the server's c
@@ -80,6 +83,18 @@ def test_node_memory_counts_a_cached_dataset_once():
     assert plan.estimate(tiny(**{"data.cache": "auto"}), ranks=4, nodes=2, base=0).cache_hit   # made by the first
     q = plan.estimate(tiny(**{"data.cache": "off"}), ranks=4, nodes=2, base=0)
     assert not q.dataset_cached and q.node_bytes == 2 * q.rank_bytes
+
+
+def test_node_memory_counts_the_shared_tables_once(monkeypatch):
+    """With a node of 2 ranks, the read-only tables (each array of at least MIN_BYTES) are one copy per
+    node (hpcfl.engine.setup.share_tables); a rank's resident memory still counts the pages it reads."""
+    monkeypatch.setattr(plan, "MIN_BYTES", 0)
+    p = plan.estimate(tiny(**{"data.cache": "off"}), ranks=4, nodes=2, base=0)
+    shared = 560 + (3 * 56 + 8) + 168 + (56 + 1120)        # index, sizes/owner/offsets, counts, eval pairs
+    assert p.terms["  of which shared per node"] == shared
+    assert p.node_bytes == 2 * (p.rank_bytes - shared) + shared
+    alone = plan.estimate(tiny(**{"data.cache": "off"}), ranks=2, nodes=2, base=0)   # one rank a node
+    assert alone.terms["  of which shared per node"] == 0 and alone.node_bytes == alone.rank_bytes
 
 
 def test_more_ranks_than_clients_is_the_runs_message(capsys, tmp_path):
