@@ -5,7 +5,7 @@
     hpcfl plan jobs/bench_w.toml --ranks 4 --nodes 2
     hpcfl plan JOB --ranks 64 --nodes 4 --node-memory 256 --measure-disk --json
 
-Runs in one plain process (no mpiexec, no training); the figures are :mod:`hpcfl.plan`'s. Bad
+Runs in one plain process (no mpiexec, no training); the figures are :mod:`hpcfl.engine.plan`'s. Bad
 input (a bad job, more ranks than clients) gets the message ``hpcfl run`` would give, exit 2.
 """
 
@@ -67,7 +67,7 @@ def main(args, comm) -> int:
     if comm.rank != 0:
         return 0
     from .. import config
-    from .. import plan as _plan
+    from ..engine import plan as _plan
 
     try:
         base = _plan.imported_rss()   # M_0: what a run imports, no data yet

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .mpi import mpi_module
+
 MIN_BYTES = 1 << 20   # tables under 1 MiB stay private
 
 
@@ -40,9 +42,7 @@ class NodeTables:
         self.node = None
         self.windows: list = []
         if comm.size > 1:
-            from mpi4py import MPI
-
-            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+            self.node = comm.Split_type(mpi_module().COMM_TYPE_SHARED, key=comm.rank)
         self.shared_bytes = 0   # bytes this node holds once instead of once per rank
 
     @property
@@ -58,10 +58,8 @@ class NodeTables:
         table = np.ascontiguousarray(table)
         if not self.on or table.nbytes < MIN_BYTES:
             return table
-        from mpi4py import MPI
-
         leader = self.node.rank == 0
-        win = MPI.Win.Allocate_shared(table.nbytes if leader else 0, table.itemsize, comm=self.node)
+        win = mpi_module().Win.Allocate_shared(table.nbytes if leader else 0, table.itemsize, comm=self.node)
         self.windows.append(win)
         buf, _ = win.Shared_query(0)
         view = np.ndarray(table.shape, dtype=table.dtype, buffer=buf)

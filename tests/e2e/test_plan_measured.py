@@ -10,7 +10,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcfl import api, config, plan
+from hpcfl import api, config
+from hpcfl.engine import plan
 from hpcfl.io.schema import CLIENT_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from hpcfl import cli, config, plan
+from hpcfl import cli, config
+from hpcfl.engine import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 

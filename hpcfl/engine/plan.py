@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .parallel.shared import MIN_BYTES
+from ..parallel.shared import MIN_BYTES
 
 # Checkpoint save seconds per GB of state: least squares through 0 of 5.1, 12.7 and 31.7 s at
 # 1, 2 and 4 GB (SCAFFOLD on 2 ranks, every byte through rank 0, the 2-core development machine;
@@ -76,9 +76,11 @@ def imported_rss() -> int:
     engine, mpi4py, h5py), before any data."""
     import h5py  # noqa: F401
     import torch  # noqa: F401
-    from mpi4py import MPI  # noqa: F401
 
-    from .engine import job  # noqa: F401
+    from ..parallel.mpi import mpi_module
+    from . import job  # noqa: F401
+
+    mpi_module()
 
     return base_rss()
 
@@ -178,12 +180,12 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     """
     import torch
 
-    from . import data, models
-    from .algorithms import Algorithm
-    from .errors import ConfigError
-    from .io.schema import CHUNK, CLIENT_EVAL, CLIENT_FIELDS, METRICS
-    from .parallel.comm import owners
-    from .params import FlatModel
+    from .. import data, models
+    from ..algorithms import Algorithm
+    from ..errors import ConfigError
+    from ..io.schema import CHUNK, CLIENT_EVAL, CLIENT_FIELDS, METRICS
+    from ..parallel.comm import owners
+    from ..params import FlatModel
 
     if ranks < 1 or nodes < 1 or nodes > ranks:
         raise ConfigError(f"--ranks {ranks} over --nodes {nodes}: give at least one rank and one node, "
@@ -230,7 +232,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     if flat is None and per_node == 1:   # per-client arrays, which share_tables replaces by views of the index
         private["partition lists"] = sum(p.nbytes for p in parts) + 112 * n
     if cfg.run.eval_clients and getattr(module, "loss", None) is None:
-        from .data.client_test import client_test_pairs
+        from ..data.client_test import client_test_pairs
         ev_sizes, sample, client = client_test_pairs(ds.y_test, counts, cfg.run.seed, cfg.run.eval_clients_min)
         arrays["evaluation pairs and sizes"] = [ev_sizes.nbytes, sample.nbytes, client.nbytes]
         private["evaluation sums"] = 2 * 8 * n
@@ -292,16 +294,16 @@ def warnings(plan: Plan, cfg, node_bytes: int, margin: float) -> list[str]:
 
 
 def _is_plugin(name: str) -> bool:
-    from . import plugins
+    from .. import plugins
 
     return plugins.is_plugin(name)
 
 
 def _cache_holds(cfg) -> bool:
     """Whether the dataset cache holds the job's dataset now (a run would map it, not generate it)."""
-    from . import data
-    from .data.cache import path_for
-    from .native.cachedir import cache_root
+    from .. import data
+    from ..data.cache import path_for
+    from ..native.cachedir import cache_root
 
     spec = data.DATASETS[cfg.data.dataset]
     opts = cfg.dataset_options if cfg.dataset_options is not None else spec.options()
