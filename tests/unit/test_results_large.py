@@ -176,3 +176,23 @@ def test_results_clients_takes_all_or_none():
     with pytest.raises(HpcflError, match="some"):
         config.from_dict({"run": {"rounds": 1}, "data": {"dataset": "quadratic"}, "model": {"name": "quadratic"},
                           "results": {"clients": "some"}})
+
+
+def test_report_and_curves_read_the_metrics_and_not_the_client_rows(tmp_path, monkeypatch, capsys):
+    """On a large cohort's file /clients is nearly all of it (36 GB over 5,000 rounds of 100k clients):
+    report and plot's curves read /metrics only; plot --kind clients reads /clients when asked."""
+    from hpcfl.io import reader
+    run = tmp_path / "run"
+    run.mkdir()
+    w = ResultsWriter(run / "results.h5", ATTRS, np.ones((2000, 2), dtype=np.int64), cohort=2000)
+    for r in (1, 2):
+        w.append_round(*cohort_round(r, n=2000))
+    w.close()
+    reads = []
+    real = reader._columns
+    monkeypatch.setattr(reader, "_columns", lambda f, group, *a: reads.append(group) or real(f, group, *a))
+    assert cli.main(["report", str(run), "--format", "csv"]) == 0
+    assert cli.main(["plot", str(run), "--out", str(tmp_path / "c.png")]) == 0
+    assert reads == ["metrics", "metrics"]
+    assert cli.main(["plot", str(run), "--kind", "clients", "--out", str(tmp_path / "h.png")]) == 0
+    assert reads == ["metrics", "metrics", "metrics", "clients"] and (tmp_path / "h.png").exists()
