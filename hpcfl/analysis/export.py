@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import HpcflError
 from ..io import safefs
 from ..io.h5check import BadFile, has_signature
+from ..io.reader import no_client_rows
 from . import runs as R
 from . import tbevents
 
@@ -56,9 +57,12 @@ def table(results: list, labels: dict, name: str = "metrics"):
     pd = _need("pandas", "export to csv or parquet")
     if name not in TABLES:
         raise HpcflError(f"--table {name!r}: choose one of {', '.join(TABLES)}")
-    frames = []
+    frames, without = [], []
     for r in results:
         cols = getattr(r, name)
+        if name == "clients" and no_client_rows(r):   # results.clients = "none": metrics only
+            without.append(no_client_rows(r))
+            continue
         if not cols:
             continue
         n = len(cols["round"])
@@ -66,6 +70,8 @@ def table(results: list, labels: dict, name: str = "metrics"):
                 "seed": [r.config.get("run", {}).get("seed")] * n}
         order = ["round"] + [k for k in ("client",) if k in cols] + [k for k in cols if k not in ("round", "client")]
         frames.append(pd.DataFrame({**head, **{k: np.asarray(cols[k]) for k in order}}))
+    if not frames and without:
+        raise HpcflError(without[0] if len(without) == 1 else f"no run has per-client rows: {'; '.join(without)}")
     if not frames:
         raise HpcflError(f"no run has /{name} (per-client evaluation: run.eval_clients = true)")
     return pd.concat(frames, ignore_index=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import HpcflError
+from ..io.reader import no_client_rows
 from .figures import DEFAULT_SIZE, check_out_path, figure, run_label, save, style
 
 MAX_HEATMAP_ROWS = 1000        # more clients than this: evenly spaced cohort members are drawn
@@ -54,6 +55,8 @@ def client_matrix(res, field: str):
     if field not in res.clients or field in ("round", "client"):
         available = [f for f in sorted(res.clients) if f not in ("round", "client")]
         raise HpcflError(f"unknown per-client field {field!r}; available: {', '.join(available)}")
+    if no_client_rows(res):
+        raise HpcflError(no_client_rows(res))
     rid = np.asarray(res.clients["round"])
     if rid.size == 0:
         raise HpcflError(f"run {run_label(res)} has no rounds recorded yet; plot it after its first round")

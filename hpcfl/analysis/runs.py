@@ -117,7 +117,7 @@ def load_runs(files: list[Path], warn=None) -> list:
     out, bad = [], []
     for f in files:
         try:
-            out.append(load(f))
+            out.append(load(f, lazy=True))   # /clients, /client_eval read only if used (a large cohort's GBs)
         except HpcflError as exc:   # damaged, truncated or not a results file: the message names it
             bad.append(str(exc))
             warn(f"hpcfl: skipped {f}: {exc}")

@@ -40,7 +40,7 @@ SWEEP_REFUSED = "this job declares a [sweep]; run it with `hpcfl sweep JOB` (or 
 SAFE_TO_CHANGE = ("run.rounds", "run.eval_every", "runtime.progress", "runtime.threads", "runtime.device",
                   "runtime.share_gpus", "runtime.placement", "runtime.eval_batch_size", "runtime.lanes", "runtime.step",
                   "data.cache", "checkpoint.",
-                  "watchdog.", "results.")
+                  "watchdog.", "results.locking", "results.flush_seconds")   # not results.clients: one per file
 
 
 @dataclass(frozen=True)

@@ -291,6 +291,10 @@ class ResultsSection:
     flush_seconds: float = field(default=2.0, metadata={"ge": 0, "help":
         "rank 0 buffers rounds and writes them to results.h5 at most this many seconds apart (and before "
         "every checkpoint), off the rounds' critical path; 0 writes every round"})
+    clients: str = field(default="all", metadata={
+        "choices": ("all", "none"), "help": "per-client rows in results.h5 (/clients): all (one row per cohort "
+                                            "member and round) or none (metrics only; a 100k-client cohort "
+                                            "writes ~0.9 MB a round of rows, docs/results.md); kept on resume"})
 
 
 def defaults() -> dict:

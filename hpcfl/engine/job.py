@@ -199,7 +199,9 @@ class JobRun:
         return ResultsWriter(self.out / "results.h5", attrs, s.class_counts,
                              resume_at=self.start if self.mode == "resume" else None,
                              metric_fields=s.algo.round_fields, client_fields=s.algo.client_fields,
-                             client_eval=s.client_eval is not None, **batching(cfg.results.flush_seconds))
+                             client_eval=s.client_eval is not None, **batching(cfg.results.flush_seconds),
+                             cohort=cfg.algorithm.clients_per_round or len(s.class_counts),
+                             clients=cfg.results.clients)
 
     def _say_start(self, placed: list) -> None:
         """Rank 0: the run in one line, each rank's GPU, and the notes the job leaves implicit."""

@@ -34,6 +34,14 @@ def open_results(path: Path) -> h5py.File:
     return open_read(path, locking=LOCKING["locking"])
 
 
+def no_client_rows(res) -> str | None:
+    """Why ``res`` has no per-client rows when its run kept none (``results.clients = "none"``), else None."""
+    if str(res.attrs.get("clients_recorded", "all")) != "none":
+        return None
+    return (f"{res.source}: this run kept no per-client rows (results.clients = \"none\"; its metrics are all "
+            f"there); run it again with results.clients = \"all\" for /clients")
+
+
 @dataclass(repr=False)
 class Results:
     """Plain-array view of a results file (see hpcfl.io.schema for the layout)."""
@@ -82,6 +90,8 @@ class Results:
         tables = {"metrics": self.metrics, "clients": self.clients, "client_eval": self.client_eval}
         if table not in tables:
             raise HpcflError(f"table {table!r}: choose one of {', '.join(tables)}")
+        if table == "clients" and no_client_rows(self):
+            raise HpcflError(no_client_rows(self))
         if not tables[table]:
             raise HpcflError(f"{self.source}: has no /{table} (per-client evaluation is run.eval_clients)")
         df = pd.DataFrame(dict(tables[table]))

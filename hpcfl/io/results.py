@@ -20,13 +20,13 @@ import numpy as np
 from ..errors import HpcflError
 from ..state import Field
 from . import h5check, reader, safefs
-from .h5check import BadFile
+from .h5check import BadFile  # noqa: F401  (callers have found it here)
 from .reader import Results, diverged_round, load, metric_rows, status  # noqa: F401
 from .results_final import FinalWrites
-from .results_h5 import (LOCKING, _append, _client_eval_group, _copy_client_eval, _describe,  # noqa: F401
-                         _FULL_FIX, _open, _segments, _with_margin, configure)
-from .schema import (CHUNK, CLIENT_EVAL, CLIENT_FIELDS, F64, I64, METRICS, SCHEMA_VERSION,  # noqa: F401
-                     SEGMENT_COLUMNS, SUMMARIES)
+from .results_h5 import (LOCKING, _append, _client_eval_group, _column, _copy_client_eval, _describe,  # noqa: F401
+                         _FULL_FIX, _open, _segments, _with_margin, configure, copy_rows, fill_rows)
+from .schema import (CHUNK, CLIENT_CHOICES, CLIENT_EVAL, CLIENT_FIELDS, F64, I64, METRICS,  # noqa: F401
+                     SCHEMA_VERSION, SEGMENT_COLUMNS, SUMMARIES)
 
 
 class ResultsWriter(FinalWrites):
@@ -45,13 +45,22 @@ class ResultsWriter(FinalWrites):
     batch_seconds, batch_rows : float, int
         Rounds are buffered and written together once this many seconds or client rows have gathered
         (see :meth:`append_round`); the defaults (0 s) write every round at once.
+    cohort : int
+        Client rows a round: ``/clients`` of a cohort of :data:`~hpcfl.io.schema.COMPRESS_FROM` or more
+        is chunked by round and compressed (:func:`~hpcfl.io.schema.client_layout`); 0: unknown (small).
+    clients : str
+        ``results.clients``: "all" (a row per cohort member and round) or "none" (``/clients`` stays
+        empty; the file's ``clients_recorded`` attribute says so). A resume keeps the file's choice.
     """
 
     @h5check.quiet
     def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
                  metric_fields: dict | None = None, client_fields: dict | None = None, client_eval: bool = False,
-                 batch_seconds: float = 0.0, batch_rows: int = 1 << 20):
+                 batch_seconds: float = 0.0, batch_rows: int = 1 << 20, cohort: int = 0, clients: str = "all"):
+        if clients not in CLIENT_CHOICES:
+            raise HpcflError(f"results.clients = {clients!r}: choose one of {', '.join(CLIENT_CHOICES)}")
         self.path = Path(path)
+        self.cohort, self.clients = int(cohort), clients
         self.client_eval = client_eval
         self.batch_seconds, self.batch_rows = batch_seconds, batch_rows
         self._pending, self._pending_rows, self._written_at = [], 0, time.monotonic()
@@ -74,16 +83,16 @@ class ResultsWriter(FinalWrites):
                 self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
             self.file.attrs["status"] = "running"
             self.file.attrs["schema_version"] = SCHEMA_VERSION
-            for group, fields in (("metrics", self.metrics), ("clients", self.client_fields)):
+            self.file.attrs["clients_recorded"] = clients
+            for group, fields, rows in (("metrics", self.metrics, 1), ("clients", self.client_fields, self.cohort)):
                 g = self.file.create_group(group)
                 for name, f in fields.items():
-                    ds = g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=f.dtype, chunks=(CHUNK,))
-                    _describe(ds, f.unit, f.description)
+                    _describe(_column(g, name, f.dtype, rows), f.unit, f.description)
             _describe(self.file.create_dataset("partition/class_counts", data=np.asarray(class_counts, dtype=np.int64)),
                       "samples", "training samples of each class held by each client (clients, classes)")
             _segments(self.file, [], attrs, 1)
             if client_eval:
-                _client_eval_group(self.file)
+                _client_eval_group(self.file, len(class_counts))
             self.file.swmr_mode = True   # from here on: appends only, readable by SWMR readers
             self.file.flush()
             os.fsync(self.file.id.get_vfd_handle())
@@ -123,7 +132,8 @@ class ResultsWriter(FinalWrites):
         write", which only SWMR readers accept. So the kept rows are copied into a new
         file under a temporary name that then replaces the old one; a crash or a full disk
         during the rebuild leaves the old file as it was and no partial copy. The rebuild
-        needs up to the old file's size free beside it: checked first.
+        needs up to the old file's size free beside it: checked first. Columns are copied
+        :data:`~hpcfl.io.results_h5.SLAB` rows at a time: memory stays bounded for any file.
         """
         tmp = self.path.with_name(f".{self.path.name}.resume-tmp")
         safefs.need_space(self.path, _with_margin(os.path.getsize(self.path)), "the resumed results file",
@@ -134,7 +144,7 @@ class ResultsWriter(FinalWrites):
                 self._copy_kept(old, new, rounds_done, attrs)
             safefs.fsync(tmp)
             os.replace(tmp, self.path)
-        except BadFile:
+        except HpcflError:   # a damaged file (BadFile), or another results.clients than the file's
             safefs.discard(tmp)
             raise
         except (OSError, RuntimeError, ValueError, KeyError) as exc:
@@ -149,28 +159,35 @@ class ResultsWriter(FinalWrites):
         for k, v in old.attrs.items():
             new.attrs[k] = v
         first = 0 if old.attrs.get("schema_version", 1) < 2 else 1   # the first round's number
+        recorded = old.attrs.get("clients_recorded", "all")
+        recorded = recorded.decode() if isinstance(recorded, bytes) else str(recorded)
+        if recorded != self.clients:
+            raise HpcflError(f"{self.path} records results.clients = {recorded!r} and this run asks for "
+                             f"{self.clients!r}: a file holds one choice for all its rounds. Resume with --set "
+                             f"results.clients={recorded}, or start a new run (another --out, or --force)")
+        new.attrs["clients_recorded"] = recorded
         for group in ("metrics", "clients"):
-            keep = old[group]["round"][()] < rounds_done + first
             g = new.create_group(group)
+            rows = 1 if group == "metrics" else self.cohort
+            cols = {}
             for name, ds in old[group].items():
-                new_ds = g.create_dataset(name, data=ds[()][keep], maxshape=(None,), chunks=(CHUNK,))
+                cols[name] = _column(g, name, ds.dtype, rows)
                 for k, v in ds.attrs.items():
-                    new_ds.attrs[k] = v
+                    cols[name].attrs[k] = v
+            # rows are copied slab by slab: an older file counted rounds from 0 (shifted to today's 1-based)
+            kept = copy_rows(old[group], cols, lambda r: r < rounds_done + first, {"round": 1} if first == 0 else None)
+            if first == 0:
+                fields = METRICS if group == "metrics" else CLIENT_FIELDS
+                _describe(g["round"], "round", fields["round"].description)
             # a field this version records and the file's writer did not (e.g. /metrics/nova_chi2):
             # its kept rows are unknown, NaN (0 for integers), and the resumed rounds fill it
             for name, f in (self.metrics if group == "metrics" else self.client_fields).items():
                 if name not in g:
                     fill = np.nan if np.issubdtype(np.dtype(f.dtype), np.floating) else 0
-                    data = np.full(int(keep.sum()), fill, dtype=f.dtype)
-                    _describe(g.create_dataset(name, data=data, maxshape=(None,), chunks=(CHUNK,)),
-                              f.unit, f.description)
-        if old.attrs.get("schema_version", 1) < 2:   # an older file counted rounds from 0
-            for group, fields in (("metrics", METRICS), ("clients", CLIENT_FIELDS)):
-                new[group]["round"][...] = new[group]["round"][()] + 1
-                _describe(new[group]["round"], "round", fields["round"].description)
-        _copy_client_eval(old, new, rounds_done, self.client_eval)
+                    fill_rows(_describe(_column(g, name, f.dtype, rows), f.unit, f.description), kept, fill)
         counts = new.create_dataset("partition/class_counts", data=old["partition/class_counts"][()])
         _describe(counts, "samples", "training samples of each class held by each client (clients, classes)")
+        _copy_client_eval(old, new, rounds_done, self.client_eval)
         # segments that started after the checkpoint this run resumes from are undone
         kept = [r for r in reader.read_segments(old, self.path) if r["start_round"] <= rounds_done]
         _segments(new, kept, attrs, rounds_done + 1)
@@ -198,10 +215,10 @@ class ResultsWriter(FinalWrites):
         if missing:
             raise KeyError(f"round records missing {sorted(missing)}")
         # copies in the file's dtypes: the caller may reuse its arrays for the next round
-        self._pending.append(({name: metrics[name] for name in self.metrics},
-                              {name: np.array(clients[name], dtype=f.dtype).reshape(-1)
-                               for name, f in self.client_fields.items()}))
-        self._pending_rows += len(clients["client"])
+        rows = {} if self.clients == "none" else {name: np.array(clients[name], dtype=f.dtype).reshape(-1)
+                                                  for name, f in self.client_fields.items()}
+        self._pending.append(({name: metrics[name] for name in self.metrics}, rows))
+        self._pending_rows += len(rows.get("client", ()))
         if self._pending_rows >= self.batch_rows or time.monotonic() - self._written_at >= self.batch_seconds:
             self.write_pending()
 
@@ -217,16 +234,17 @@ class ResultsWriter(FinalWrites):
         what = f"round {first}" if len(pending) == 1 else f"rounds {first}-{last}"
         # HDF5 that meets a full disk mid-write can crash the process later (SIGSEGV in its exit
         # handler), so the space the rounds take, new chunks where a column crosses one, is checked first.
+        # Compressed chunks take less than this: the uncompressed size is an upper bound.
         need = 64 << 10   # metadata, with room to spare
         for group, fields, rows in (("metrics", self.metrics, len(pending)), ("clients", self.client_fields, k)):
-            n = self.file[group]["round"].shape[0]
-            chunks = -(-(n + rows) // CHUNK) - -(-n // CHUNK)
-            need += chunks * CHUNK * sum(np.dtype(f.dtype).itemsize for f in fields.values())
+            n, size = self.file[group]["round"].shape[0], self.file[group]["round"].chunks[0]
+            chunks = -(-(n + rows) // size) - -(-n // size)
+            need += chunks * size * sum(np.dtype(f.dtype).itemsize for f in fields.values())
         safefs.need_space(self.path, need, what, _FULL_FIX)
         try:
             for name in self.metrics:
                 _append(self.file["metrics"][name], [m[name] for m, _ in pending])
-            for name in self.client_fields:
+            for name in self.client_fields if k else ():   # none with results.clients = "none"
                 _append(self.file["clients"][name], np.concatenate([c[name] for _, c in pending]))
             self.file.flush()
         except (OSError, RuntimeError) as exc:   # HDF5 reports some write failures as RuntimeError
@@ -250,7 +268,8 @@ class ResultsWriter(FinalWrites):
         n = len(accuracy)
         rows = {"round": np.full(n, round_), "client": np.arange(n), "accuracy": accuracy, "loss": loss,
                 "samples": samples}
-        safefs.need_space(self.path, (64 << 10) + 40 * max(n, CHUNK), f"round {round_}", _FULL_FIX)
+        size = self.file["client_eval"]["round"].chunks[0]
+        safefs.need_space(self.path, (64 << 10) + 40 * max(n, size), f"round {round_}", _FULL_FIX)
         try:
             for name in CLIENT_EVAL:   # flushed with the rounds' batch (write_pending, sync before a checkpoint)
                 _append(self.file["client_eval"][name], rows[name])

@@ -15,7 +15,9 @@ import h5py
 import numpy as np
 
 from . import reader
-from .schema import CHUNK, CLIENT_EVAL, SEGMENT_COLUMNS
+from .schema import CLIENT_EVAL, SEGMENT_COLUMNS, client_layout
+
+SLAB = 1 << 20   # rows a resume reads and writes at a time: a column of any length in bounded memory
 
 LOCKING = {"locking": True}   # set by configure(); False on filesystems without file locking
 
@@ -62,20 +64,56 @@ def _segments(f: h5py.File, rows: list[dict], attrs: dict, start_round: int) -> 
         _describe(g.create_dataset(name, data=np.array([r[name] for r in rows], dtype=dtype)), unit, description)
 
 
-def _client_eval_group(f: h5py.File, data: dict | None = None) -> None:
-    """Create ``/client_eval`` (:data:`CLIENT_EVAL`'s columns, resizable), empty or holding ``data``."""
+def _column(g: h5py.Group, name: str, dtype, rows: int) -> h5py.Dataset:
+    """An empty resizable column of ``g`` laid out for ``rows`` rows a round (:func:`client_layout`)."""
+    return g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, **client_layout(rows))
+
+
+def _client_eval_group(f: h5py.File, clients: int) -> h5py.Group:
+    """Create ``/client_eval`` (:data:`CLIENT_EVAL`'s columns, resizable, empty), laid out for
+    ``clients`` rows an evaluated round."""
     g = f.create_group("client_eval")
     for name, fld in CLIENT_EVAL.items():
-        values = np.zeros(0, dtype=fld.dtype) if data is None else np.asarray(data[name], dtype=fld.dtype)
-        _describe(g.create_dataset(name, data=values, maxshape=(None,), chunks=(CHUNK,)), fld.unit, fld.description)
+        _describe(_column(g, name, fld.dtype, clients), fld.unit, fld.description)
+    return g
+
+
+def copy_rows(old: h5py.Group, new: dict, keep, shift: dict | None = None) -> int:
+    """Append to the columns ``new`` (name -> dataset) the rows of ``old``'s same-named columns that
+    ``keep(round slab) -> bool mask`` keeps, :data:`SLAB` rows at a time; ``shift`` adds a number to
+    a column (rounds of a schema 1 file). Returns the rows kept. Memory: a few slabs, whatever the
+    file's size."""
+    total = min(old[name].shape[0] for name in new)
+    kept = 0
+    for lo in range(0, total, SLAB):
+        hi = min(total, lo + SLAB)
+        mask = keep(old["round"][lo:hi])
+        k = int(mask.sum())
+        if k == 0:
+            continue
+        for name, ds in new.items():
+            values = old[name][lo:hi][mask]
+            if shift and name in shift:
+                values = values + shift[name]
+            ds.resize((kept + k,))
+            ds[kept:] = values
+        kept += k
+    return kept
+
+
+def fill_rows(ds: h5py.Dataset, rows: int, fill) -> None:
+    """Resize the empty ``ds`` to ``rows`` rows of ``fill``, written :data:`SLAB` rows at a time."""
+    ds.resize((rows,))
+    for lo in range(0, rows, SLAB):
+        ds[lo:min(rows, lo + SLAB)] = fill
 
 
 def _copy_client_eval(old: h5py.File, new: h5py.File, rounds_done: int, keep_group: bool) -> None:
     """On resume: ``/client_eval``'s rows of rounds up to ``rounds_done`` (created empty if this run
     evaluates clients and the old file did not)."""
+    clients = new["partition/class_counts"].shape[0]
     if "client_eval" in old:
-        g = old["client_eval"]
-        keep = g["round"][()] <= rounds_done
-        _client_eval_group(new, {name: g[name][()][keep] for name in CLIENT_EVAL})
+        g = _client_eval_group(new, clients)
+        copy_rows(old["client_eval"], {name: g[name] for name in CLIENT_EVAL}, lambda r: r <= rounds_done)
     elif keep_group:
-        _client_eval_group(new)
+        _client_eval_group(new, clients)

@@ -84,7 +84,23 @@ import numpy as np
 
 from ..state import Field
 
-CHUNK = 1024   # rows per chunk of every /metrics and /clients column
+CHUNK = 1024   # rows per chunk of every /metrics column, and of /clients for cohorts under COMPRESS_FROM
+# /clients of a cohort of COMPRESS_FROM or more rows a round: one chunk per round (up to MAX_CHUNK rows), each
+# compressed with HDF5's own filters (readable by any HDF5 reader, h5py included). A chunk is then written
+# once, whole: a compressed chunk rewritten by a later append takes new room in a SWMR file and leaves the
+# old one unused (10 rows a round in 1,024-row gzip chunks: a file 50x its data), so small cohorts keep
+# CHUNK uncompressed (docs/results.md, "Large cohorts").
+COMPRESS_FROM = 1024
+MAX_CHUNK = 1 << 20
+CLIENT_FILTERS = {"shuffle": True, "compression": "gzip", "compression_opts": 1}
+CLIENT_CHOICES = ("all", "none")   # results.clients: every cohort row of every round, or no /clients rows
+
+
+def client_layout(cohort: int) -> dict:
+    """h5py keywords (chunks and filters) of a ``/clients`` column for ``cohort`` rows a round."""
+    if cohort < COMPRESS_FROM:
+        return {"chunks": (CHUNK,)}
+    return {"chunks": (min(int(cohort), MAX_CHUNK),), **CLIENT_FILTERS}
 F64, I64 = np.float64, np.int64
 METRICS = {
     "round": Field(I64, "round", "round number, 1-based (row r: after r rounds)"),

@@ -48,7 +48,8 @@ def summary(res) -> str:
     n_rows = _rows(res.clients)
     lines += [f"  .metrics: {len(res.metrics)} per-round arrays ({_names(res.metrics)})",
               f"  .clients: {len(res.clients)} arrays of {n_rows} rows, one per cohort member and round "
-              f"({_names(res.clients)})",
+              f"({_names(res.clients)})" + (' (results.clients = "none": none kept)'
+                                            if str(res.attrs.get("clients_recorded", "all")) == "none" else ""),
               *([f"  .client_eval: {len(res.client_eval)} arrays of {_rows(res.client_eval)} rows, one per "
                  f"client and evaluated round ({_names(res.client_eval)})"] if getattr(res, "client_eval", None)
                 else []),

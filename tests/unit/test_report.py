@@ -280,7 +280,7 @@ def test_a_read_error_in_one_run_skips_it_and_keeps_the_others(monkeypatch):
 
     import hpcfl.io.results as results_io
 
-    def fake_load(path):
+    def fake_load(path, lazy=False):   # runs.load_runs reads lazily
         if path.name == "bad.h5":
             raise OSError(errno.EIO, "Input/output error")
         return SimpleNamespace(source=path)
