@@ -114,7 +114,7 @@ class Lanes:
                 for i in starts:
                     while len(running) + len(done) >= window or tasks[i][1] in {tasks[k][1] for k in running}:
                         nxt = yield from self._hand_back(tasks, running, done, nxt)
-                    pos, slot, indices, steps, gen = tasks[i]
+                    _, slot, indices, steps, gen = tasks[i]
                     running[i] = pool.submit(self._run, x0, indices, steps, gen, correction(slot), lr)
                 while nxt < len(tasks):
                     nxt = yield from self._hand_back(tasks, running, done, nxt)

@@ -180,7 +180,7 @@ def _chain(module: nn.Module) -> list[nn.Module | tuple]:
     """The model's forward as a list of leaf modules (or ("flatten", start, end)), in order."""
     try:
         graph = _Tracer().trace(module)
-    except Exception as e:   # data-dependent control flow and the like: not a chain
+    except Exception as e:   # noqa: BLE001  (data-dependent control flow and the like: not a chain)
         raise _Unsupported(f"forward cannot be traced ({type(e).__name__})") from None
     chain, prev = [], None
     for node in graph.nodes:

@@ -95,7 +95,7 @@ class Trainer:
             k = min(4, len(x_train))
             self.program, self.why_autograd = compile_step(model, x_train[:k], y_train[:k])
 
-    def replica(self) -> "Trainer":
+    def replica(self) -> Trainer:
         """A trainer of its own model copy over the same data tensors (for another thread)."""
         import copy
 
