@@ -66,6 +66,7 @@ class Plan:
     save_s: float = 0.0
     save_rate: str = ""
     warnings: list = field(default_factory=list)
+    results_compressed: bool = False     # per-client rows gzip-compressed: the results figures are upper bounds
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -265,9 +266,14 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     per_round, total = results_bytes(metric_bytes, client_bytes, eval_bytes, cohort, n, cfg.run.rounds,
                                      eval_rounds, counts.nbytes, CHUNK, model.length * b)
     rate = save_s_per_gb if save_s_per_gb is not None else SAVE_S_PER_GB
+    # a cohort (or, evaluated, a client count) of COMPRESS_FROM rows or more is stored compressed (io/schema.py):
+    # how small depends on the values, so the figures above are then upper bounds
+    from ..io.schema import COMPRESS_FROM
+    compressed = cohort >= COMPRESS_FROM or (eval_rounds > 0 and n >= COMPRESS_FROM)
     plan = Plan(ranks, nodes, per_node, n, per_rank, model.num_params, cached, hit, terms, rank, node, miss, per_round,
                 total, ckpt, ckpt / 1e9 * rate,
                 f"{rate:.2f} s/GB " + ("measured" if save_s_per_gb is not None else "(the development machine's)"))
+    plan.results_compressed = compressed
     plan.warnings = warnings(plan, cfg, node_bytes or node_memory(), signal_margin)
     return plan
 
