@@ -187,6 +187,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     from ..io.schema import CHUNK, CLIENT_EVAL, CLIENT_FIELDS, METRICS
     from ..parallel.comm import owners
     from ..params import FlatModel
+    from .setup import split_clients
 
     if ranks < 1 or nodes < 1 or nodes > ranks:
         raise ConfigError(f"--ranks {ranks} over --nodes {nodes}: give at least one rank and one node, "
@@ -205,16 +206,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     arrays = (ds.x_train, ds.y_train, ds.x_test, ds.y_test)
     dataset = sum(a.nbytes for a in arrays)
     loader = max(0, base_rss() - before - dataset)   # modules the loader imports (sklearn for digits)
-    parts = data.make_partition(cfg.data.partition, ds.y_train, n, cfg.partition_options, cfg.run.seed, ds)
-    if len(parts) != n:
-        raise ConfigError(f"data.num_clients = {n} but the partition made {len(parts)} clients; "
-                          f"set data.num_clients = {len(parts)}")
-    flat = getattr(parts, "flat", None)
-    sizes = parts.sizes if flat is not None else np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-    if (sizes == 0).any():
-        raise ConfigError(f"{int((sizes == 0).sum())} clients got no training samples; lower data.num_clients "
-                          f"or use a partition with a minimum size")
-    index = flat if flat is not None else np.concatenate(parts, dtype=np.int64)
+    parts, sizes, index = split_clients(cfg, ds)   # the run's partition and its refusals
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
     b = 8 if dtype == torch.float64 else 4
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
@@ -230,7 +222,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     arrays = {"partition index": [index.nbytes], "sizes, owner, offsets": [8 * n, 8 * n, 8 * n + 8],
               "class counts": [counts.nbytes]}
     private = {"slot": 8 * n, "sampler": algo.sampler.static.nbytes}
-    if flat is None and per_node == 1:   # per-client arrays, which share_tables replaces by views of the index
+    if getattr(parts, "flat", None) is None and per_node == 1:   # per-client arrays (share_tables: index views)
         private["partition lists"] = sum(p.nbytes for p in parts) + 112 * n
     if cfg.run.eval_clients and getattr(module, "loss", None) is None:
         from ..data.client_test import client_test_pairs

@@ -123,6 +123,26 @@ def release_tables(s: Setup) -> None:
         s.client_eval.sizes = s.client_eval.sample = s.client_eval.client = None
 
 
+def split_clients(cfg, ds) -> tuple:
+    """The job's partition of ``ds``, checked: (parts, sizes (N,), index), ``index`` every client's
+    sample indices concatenated in id order (int64). The run and ``hpcfl plan`` both take it from here."""
+    from .. import data
+
+    parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients, cfg.partition_options,
+                                cfg.run.seed, ds)
+    if len(parts) != cfg.data.num_clients:
+        raise ConfigError(f"data.num_clients = {cfg.data.num_clients} but the partition made {len(parts)} clients; "
+                          f"set data.num_clients = {len(parts)}")
+    flat = getattr(parts, "flat", None)   # most partitions come concatenated too (data.partition.Groups)
+    sizes = parts.sizes if flat is not None else np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    empty = np.flatnonzero(sizes == 0)
+    if empty.size:
+        raise ConfigError(f"{empty.size} clients got no training samples (first: client {empty[0]}); "
+                          f"lower data.num_clients or use a partition with a minimum size")
+    index = flat if flat is not None else np.concatenate(parts, dtype=np.int64)   # class counts read it too
+    return parts, sizes, index
+
+
 def prepare(cfg, comm) -> Setup:
     """Load data, partition, place clients, build the model and the policies on this rank."""
     from .. import data, models
@@ -135,17 +155,7 @@ def prepare(cfg, comm) -> Setup:
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
 
     ds = load_per_node(cfg, comm)   # generated once per node on a cache miss
-    parts = data.make_partition(cfg.data.partition, ds.y_train, cfg.data.num_clients, cfg.partition_options,
-                                cfg.run.seed, ds)
-    if len(parts) != cfg.data.num_clients:
-        raise ConfigError(f"data.num_clients = {cfg.data.num_clients} but the partition made {len(parts)} clients; "
-                          f"set data.num_clients = {len(parts)}")
-    flat = getattr(parts, "flat", None)   # most partitions come concatenated too (data.partition.Groups)
-    sizes = parts.sizes if flat is not None else np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-    empty = np.flatnonzero(sizes == 0)
-    if empty.size:
-        raise ConfigError(f"{empty.size} clients got no training samples (first: client {empty[0]}); "
-                          f"lower data.num_clients or use a partition with a minimum size")
+    parts, sizes, index = split_clients(cfg, ds)
     if cfg.algorithm.batch_size > len(ds.y_train):   # batch buffers are B samples long
         raise ConfigError(f"algorithm.batch_size = {cfg.algorithm.batch_size} exceeds the whole training set "
                           f"({len(ds.y_train)} samples); a batch holds at most one client's samples, so for "
@@ -156,7 +166,6 @@ def prepare(cfg, comm) -> Setup:
     slot[mine] = np.arange(mine.size)
     # Every client's indices (8 bytes per training sample) on every rank, so that any rank can train any client.
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    index = flat if flat is not None else np.concatenate(parts, dtype=np.int64)   # class counts read it too
 
     torch.manual_seed(rng.torch_seed(cfg.run.seed, rng.MODEL_INIT))
     module = models.build_model(cfg.model.name, cfg.model_options, ds.input_shape, ds.num_classes)
