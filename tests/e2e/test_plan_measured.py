@@ -9,41 +9,13 @@ from pathlib import Path
 
 import h5py
 import pytest
+from runner import PLAN_TINY as TINY
 
 from hpcfl import api, config
 from hpcfl.engine import plan
 from hpcfl.io.schema import CLIENT_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# tests/unit/test_plan.py's tiny job: 7 clients of 10 samples, logreg with P = 15.
-TINY = """
-[run]
-name = "tiny"
-seed = 0
-rounds = 4
-eval_every = 2
-[data]
-dataset = "gaussian_mixture"
-partition = "iid"
-num_clients = 7
-[data.gaussian_mixture]
-num_train = 70
-num_test = 60
-num_classes = 3
-dim = 4
-[model]
-name = "logreg"
-[algorithm]
-name = "scaffold"
-clients_per_round = 3
-lr = 0.05
-batch_size = 5
-local_steps = 1
-[runtime]
-threads = 1
-progress = "none"
-"""
 
 
 def _growth(tmp_path, over):

@@ -7,39 +7,12 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+from runner import PLAN_TINY as TINY
+
 from hpcfl import cli, config
 from hpcfl.engine import plan
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# 7 clients of 10 samples, 3 classes of 4 features: logreg has P = 4 * 3 + 3 = 15 parameters.
-TINY = """
-[run]
-name = "tiny"
-seed = 0
-rounds = 4
-eval_every = 2
-[data]
-dataset = "gaussian_mixture"
-partition = "iid"
-num_clients = 7
-[data.gaussian_mixture]
-num_train = 70
-num_test = 60
-num_classes = 3
-dim = 4
-[model]
-name = "logreg"
-[algorithm]
-name = "scaffold"
-clients_per_round = 3
-lr = 0.05
-batch_size = 5
-local_steps = 1
-[runtime]
-threads = 1
-progress = "none"
-"""
 
 
 def tiny(**sets):

@@ -15,30 +15,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runner import job
+from test_watchdog import dog
 
 import hpcfl
 from hpcfl.engine import control, watchdog
-from hpcfl.engine.watchdog import ALLOWANCE_RATE, SAVE_RATE, Limits, Watchdog, checkpoint_note
+from hpcfl.engine.watchdog import ALLOWANCE_RATE, SAVE_RATE, checkpoint_note
 from hpcfl.io.checkpoint import CheckpointStore
 
 GB = 1e9
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
-
-class Comm:
-    rank, size = 1, 2
-
-
-def dog():
-    clock = Clock()
-    return Watchdog(Comm(), Limits(), clock=clock, start=False), clock
 
 
 def run_round(w, clock, rnd, seconds=1.0, kinds=("decide", "train", "reduce", "server", "record")):
