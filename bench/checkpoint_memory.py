@@ -5,7 +5,11 @@ on ``mpiexec -n 2``, with as many clients as make ``--gb`` GB of per-client rows
 (2,500 clients a GB). The rows are filled with random numbers (touched, as after many rounds);
 then one checkpoint is written into a fresh folder and read back, as ``hpcfl run`` does.
 
-    mpiexec -n 2 python bench/checkpoint_memory.py --gb 1 2 4
+    mpiexec -n 2 python bench/checkpoint_memory.py --gb 1 2 4 [--mode rank0 shards]
+
+``--mode``: how the checkpoint is written, each for every size, side by side in one sitting:
+``rank0`` (one file, every row through rank 0: ``checkpoint.shards = false``, and the only way
+before shards) and ``shards`` (every rank writes its own rows, rank 0 the manifest).
 
 For each size it prints rank 0's resident memory before (its own rows included), its peak during
 the save and during the load (Linux VmHWM, reset before each through /proc/self/clear_refs), the
@@ -64,12 +68,13 @@ def rows_digest(s) -> str:
     return h.hexdigest()
 
 
-def save(s, x, store, cfg):
+def save(s, x, store, cfg, mode):
     comm = s.comm
     meta = {"sim_time": 0.0, "config": cfg.to_json()}
     manifest = {"world_size": comm.size, "config_sha256": cfg.digest(), "versions": {}}
     if hasattr(resume, "write"):
-        failure = resume.write(s, x, store, 1, meta, manifest)
+        more = {"shards": mode == "shards"} if mode == "shards" else {}   # older code: rank 0 only
+        failure = resume.write(s, x, store, 1, meta, manifest, **more)
         assert failure is None, failure
         return
     arrays = resume.capture(s, x)            # the code before streaming
@@ -91,7 +96,7 @@ def load(s, store):
     return x
 
 
-def point(gb: float, comm, folder: Path) -> dict:
+def point(gb: float, comm, folder: Path, mode: str) -> dict:
     clients = round(gb * 1e9 / (PARAMS * 4))
     cfg = config.from_dict({
         "run": {"name": "ckpt-bench", "seed": 1, "rounds": 2},
@@ -118,7 +123,7 @@ def point(gb: float, comm, folder: Path) -> dict:
     reset_peak()
     base = status("VmRSS")
     t0 = time.perf_counter()
-    save(s, x, store, cfg)
+    save(s, x, store, cfg, mode)
     comm.Barrier()
     t_save = time.perf_counter() - t0
     save_peak = status("VmHWM")
@@ -137,7 +142,7 @@ def point(gb: float, comm, folder: Path) -> dict:
     after = status("VmRSS")
     same = comm.allreduce(int(rows_digest(s) == before and x2.tobytes() == x.tobytes()), op=MPI.MIN)
     size = sum(p.stat().st_size for p in folder.glob("ckpt-*.h5")) / 2**20 if comm.rank == 0 else 0
-    return {"gb": gb, "clients": clients, "own": own, "base": base, "save_peak": save_peak, "t_save": t_save,
+    return {"mode": mode, "gb": gb, "clients": clients, "own": own, "base": base, "save_peak": save_peak, "t_save": t_save,
             "base_load": base_load, "load_peak": load_peak, "t_load": t_load, "after": after, "size": size,
             "bitwise": bool(same)}
 
@@ -145,27 +150,29 @@ def point(gb: float, comm, folder: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, nargs="+", default=[1.0, 2.0])
+    ap.add_argument("--mode", nargs="+", default=["rank0", "shards"], choices=["rank0", "shards"])
     ap.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary folder)")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     rows = []
     for gb in a.gb:
-        folder = None
-        if comm.rank == 0:
-            folder = Path(tempfile.mkdtemp(prefix="hpcfl-ckpt-bench-", dir=a.dir))
-        folder = Path(comm.bcast(str(folder) if folder else None, root=0))
-        rows.append(point(gb, comm, folder))
-        if comm.rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
-        gc.collect()
+        for mode in a.mode:
+            folder = None
+            if comm.rank == 0:
+                folder = Path(tempfile.mkdtemp(prefix="hpcfl-ckpt-bench-", dir=a.dir))
+            folder = Path(comm.bcast(str(folder) if folder else None, root=0))
+            rows.append(point(gb, comm, folder, mode))
+            if comm.rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+            gc.collect()
     if comm.rank != 0:
         return
     print(f"hpcfl checkpoint bench: {comm.size} ranks, SCAFFOLD, {PARAMS:,} parameters (float32); rank 0, MB "
           f"(pid {os.getpid()})")
-    print(f"{'state GB':>8} {'clients':>7} {'own rows':>8} {'RSS':>7} {'save peak':>9} {'+extra':>7} {'save s':>7} "
+    print(f"{'mode':>6} {'state GB':>8} {'clients':>7} {'own rows':>8} {'RSS':>7} {'save peak':>9} {'+extra':>7} {'save s':>7} "
           f"{'load peak':>9} {'+extra':>7} {'load s':>7} {'after':>7} {'file MB':>8} bitwise")
     for r in rows:
-        print(f"{r['gb']:>8.1f} {r['clients']:>7d} {r['own']:>8.0f} {r['base']:>7.0f} {r['save_peak']:>9.0f} "
+        print(f"{r['mode']:>6} {r['gb']:>8.1f} {r['clients']:>7d} {r['own']:>8.0f} {r['base']:>7.0f} {r['save_peak']:>9.0f} "
               f"{r['save_peak'] - r['base']:>7.0f} {r['t_save']:>7.2f} {r['load_peak']:>9.0f} "
               f"{r['load_peak'] - r['base_load']:>7.0f} {r['t_load']:>7.2f} {r['after']:>7.0f} {r['size']:>8.0f} "
               f"{'yes' if r['bitwise'] else 'NO'}")

@@ -254,6 +254,10 @@ class CheckpointSection:
         "ge": 2, "help": "newest valid checkpoints kept (at least 2: a damaged newest one has a fallback)"})
     dir: str | None = field(default=None, metadata={
         "help": "checkpoint folder, owned by one run; unset: <out>/checkpoints"})
+    shards: bool = field(default=True, metadata={
+        "help": "on several ranks, every rank writes its own clients' rows (a shard file each, in parallel) and "
+                "rank 0 a manifest last; the folder must be one every node reaches. false: every row goes "
+                "through rank 0 into one file. Either kind resumes on any rank count"})
 
 
 @dataclass(frozen=True)

@@ -295,7 +295,8 @@ class JobRun:
         self.control.expect_checkpoint(comm.bcast(resume.state_bytes(s) if comm.rank == 0 else None, root=0))
         failure = resume.write(s, x, self.store, done, meta={"sim_time": sim_time, "config": cfg.to_json()},
                                manifest={"world_size": comm.size, "config_sha256": cfg.digest(),
-                                         "versions": versions()}, before=self.writer.sync if comm.rank == 0 else None)
+                                         "versions": versions()}, before=self.writer.sync if comm.rank == 0 else None,
+                               shards=cfg.checkpoint.shards)
         if comm.rank == 0 and failure is not None:   # a swapped checkpoint folder is the user's to fix: exit 2
             from ..io.heldir import DirectoryMoved
             failure = RunError(str(failure), EXIT_INPUT) if isinstance(failure, DirectoryMoved) else \

@@ -23,25 +23,12 @@ from ..io import ckptblocks
 from ..io.checkpoint import open_loaded
 from ..io.ckptblocks import MESSAGE_BYTES, DictArrays, Streamed, row_blocks
 from ..state import ClientTable, ServerArray
-from .simulation import accumulator
-
-
-def state_items(s) -> list:
-    """The policies' state and the engine's own (the exact sum's grid)."""
-    return s.algo.state() + list(getattr(accumulator(s), "state", list)())
+from . import shards as sharded
+from .simulation import accumulator  # noqa: F401  (tests patch it here)
+from .staterows import _dtype, _home_row, _put, _segments, _tables, state_items  # noqa: F401
 
 
 TAG = 0x4843   # the tag of the rows' messages (nothing else is in flight during a checkpoint)
-
-
-def _segments(owner: np.ndarray) -> list[tuple[int, int, int]]:
-    """``[(lo, hi, rank)]``: the runs of consecutive client ids with one owner, in id order."""
-    if owner.size == 0:
-        return []
-    cut = np.flatnonzero(np.diff(owner)) + 1
-    los = np.concatenate([[0], cut])
-    his = np.concatenate([cut, [owner.size]])
-    return [(int(lo), int(hi), int(owner[lo])) for lo, hi in zip(los, his)]
 
 
 def _pieces(buf: np.ndarray):
@@ -62,10 +49,6 @@ def _recv(comm, out: np.ndarray, source: int) -> None:
         comm.Recv(piece, source=source, tag=TAG)
 
 
-def _tables(s) -> list:
-    return sorted((it for it in state_items(s) if isinstance(it, ClientTable)), key=lambda t: t.name)
-
-
 def state_bytes(s) -> int:
     """Rank 0: the bytes a checkpoint would write now (the model, the server's arrays, every client
     table's N rows), before HDF5's few kB of metadata. No table is copied off its device."""
@@ -76,12 +59,6 @@ def state_bytes(s) -> int:
     for t in _tables(s):
         n += len(s.owner) * t.width * _dtype(t).itemsize
     return int(n)
-
-
-def _home_row(s, lo: int) -> int:
-    """This rank's row in its tables of client ``lo``, the first of a run of clients it owns (the
-    run's rows follow it in order)."""
-    return int(s.slot[lo])
 
 
 def _table_stream(s, rows: np.ndarray) -> Streamed:
@@ -130,8 +107,12 @@ def _rank0_arrays(s, x) -> dict:
     return arrays
 
 
-def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict, before=None) -> HpcflError | None:
+def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict, before=None,
+          shards: bool = False) -> HpcflError | None:
     """Collective: checkpoint ``round`` into ``store`` (rank 0's), the rows streamed rank by rank.
+
+    With ``shards`` (``checkpoint.shards``), on more than one rank and with client tables to write,
+    every rank writes its own rows instead (:func:`hpcfl.engine.shards.write`).
 
     Rank 0 holds its own rows and one block (``hpcfl.io.ckptblocks.BLOCK_BYTES``) of
     another rank's at a time, whatever the number of clients and ranks; no rank's rows travel
@@ -139,6 +120,8 @@ def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict, befor
     fails the save the same way. Returns, on rank 0, None or the error of a failed save (older
     checkpoints untouched; its type tells a moved folder from a full disk); None elsewhere.
     """
+    if shards and s.comm.size > 1 and _tables(s):
+        return sharded.write(s, x, store, round, meta, manifest, before)
     if s.comm.rank != 0:
         _send_tables(s)
         return None
@@ -235,8 +218,11 @@ def read(s, loaded) -> np.ndarray:
     verified and checked with :func:`problems`) into every rank; returns the model x.
 
     Rank 0 reads each table a block at a time and sends each block to the rank that owns its
-    clients now (any rank count, any placement); nothing of the file stays in memory after.
+    clients now (any rank count, any placement); nothing of the file stays in memory after. A
+    sharded checkpoint is read by every rank from the shards (:func:`hpcfl.engine.shards.read`).
     """
+    if s.comm.bcast(bool(loaded.shards) if s.comm.rank == 0 else None, root=0):
+        return sharded.read(s, loaded)
     source = None
     if s.comm.rank == 0:
         source = DictArrays(loaded.arrays) if loaded.arrays else open_loaded(loaded)
@@ -281,23 +267,6 @@ def _read(s, source) -> np.ndarray:
                     _send(comm, rows, rank)
                 del rows   # before the next block is read: one block in memory, not two
     return np.array(x, copy=True)
-
-
-def _dtype(table) -> np.dtype:
-    """A table's dtype, without copying a table held on a device to the host."""
-    if table.rows is not None:
-        return np.dtype(table.rows(np.zeros(0, dtype=np.int64)).dtype)
-    return np.dtype(table.get().dtype)
-
-
-def _put(table, first: int, rows: np.ndarray) -> None:
-    """Rows ``first ..`` of this rank's table."""
-    if table.put is not None:
-        table.put(np.arange(first, first + len(rows), dtype=np.int64), rows)
-    else:   # a table without put: its whole home block at once (written in one block)
-        whole = np.array(table.get(), copy=True)
-        whole[first:first + len(rows)] = rows
-        table.set(whole)
 
 
 def check_job(loaded, cfg) -> None:

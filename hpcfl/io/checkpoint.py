@@ -35,11 +35,11 @@ import h5py
 import numpy as np
 
 from hpcfl.errors import HpcflError
-from hpcfl.io import h5check, safefs
+from hpcfl.io import ckptshards, h5check, safefs
 from hpcfl.io.ckptblocks import Streamed, hash_bytes, hash_dataset, header
 from hpcfl.io.ckptfile import (_ALLOWED_KINDS, _CALLER_KEYS, _FINAL_RE, _STORE_KEYS, _TEMP_GLOB,  # noqa: F401
-                               FORMAT_VERSION, Loaded, _check_inputs, _hash_update, _Invalid, _open_h5,
-                               _to_json, configure_locking, open_loaded, payload_sha256)
+                               FORMAT_VERSION, SHARDED_VERSION, Loaded, _check_inputs, _hash_update, _Invalid, _open_h5,
+                               _to_json, configure_locking, open_loaded, payload_sha256, read_open, write_file)
 from hpcfl.io.heldir import HeldDir
 
 
@@ -76,7 +76,7 @@ class CheckpointStore:
         checkpoints that were there now or that this store wrote."""
         self._held = HeldDir(self.directory)
         weakref.finalize(self, self._held.close)   # a sweep runs many stores in one process
-        self._owned = {n for n in self._held.names() if _FINAL_RE.match(n)}
+        self._owned = {n for n in self._held.names() if _FINAL_RE.match(n) or ckptshards.SHARD_RE.match(n)}
 
     def _at(self, path: Path) -> Path:
         """``path`` (in this folder) as the held folder's, wherever it now is."""
@@ -92,7 +92,8 @@ class CheckpointStore:
         return sorted(found, key=lambda rp: rp[0], reverse=True)
 
     def clean_temp(self):
-        """Delete the temporary files of interrupted saves and return their paths.
+        """Delete the temporary files and the shards without a manifest of interrupted saves, and return
+        their paths.
 
         Call it only while no save into this directory runs (e.g. at start-up).
         """
@@ -100,7 +101,7 @@ class CheckpointStore:
         for p in self.directory.glob(_TEMP_GLOB):
             p.unlink(missing_ok=True)
             removed.append(p)
-        return removed
+        return removed + self._sweep_shards()
 
     # ------------------------------------------------------------------ save
     def save(self, round: int, arrays: dict, meta: dict | None = None, manifest: dict | None = None) -> Path:
@@ -119,7 +120,9 @@ class CheckpointStore:
             Small JSON-serialisable values (simulated clock, counters).
         manifest : dict
             ``world_size``, ``config_sha256``, ``versions`` and any further
-            JSON-serialisable keys; the store sets those in ``_STORE_KEYS``.
+            JSON-serialisable keys; the store sets those in ``_STORE_KEYS``. With ``shards`` (the
+            entries :func:`hpcfl.io.ckptshards.write` returned, by rank) and ``shard_token``, this
+            file is a sharded checkpoint's manifest: each shard must already be in the folder.
 
         Returns
         -------
@@ -138,7 +141,7 @@ class CheckpointStore:
         arrays = _check_inputs(round, arrays, manifest)
         round = int(round)
         attrs = {
-            "format_version": FORMAT_VERSION,
+            "format_version": SHARDED_VERSION if "shards" in manifest else FORMAT_VERSION,
             "round": round,
             "world_size": int(manifest.pop("world_size")),
             "config_sha256": str(manifest.pop("config_sha256")),
@@ -150,6 +153,8 @@ class CheckpointStore:
         }
         if self._held is not None:
             self._held.verify()   # swapped since the last save: stop before touching either folder
+        shards = [e["name"] for e in manifest.get("shards", ())]
+        self._shards_here(shards)
         final = self.path_for(round)
         tmp = self.directory / f".ckpt-{round:08d}.h5.tmp-{os.getpid()}"
         nbytes = sum(a.nbytes for a in arrays.values())
@@ -171,7 +176,8 @@ class CheckpointStore:
                 raise HpcflError(self._write_error(round, e, nbytes)) from e
             raise
         try:
-            loaded = self._read(self._at(final), keep_arrays=False)
+            # The manifest alone: each shard was read back and hashed by the rank that wrote it.
+            loaded = self._read(self._at(final), keep_arrays=False, shards=False)
             if loaded.manifest["payload_sha256"] != digest:
                 raise _Invalid("the stored payload_sha256 is not the one computed while writing")
         except _Invalid as e:
@@ -181,50 +187,14 @@ class CheckpointStore:
             raise HpcflError(f"checkpoint {final} failed verification right after writing ({e}); it was "
                              f"deleted and older checkpoints kept. Check {self.directory} for I/O errors.") from None
         if self._owned is not None:
-            self._owned.add(final.name)
+            self._owned.update([final.name, *shards])
         self._remember(final)
         self._rotate(final)
         return final
 
-    @h5check.quiet
     def _write(self, tmp: Path, arrays: dict, attrs: dict) -> str:
-        """Write the file; returns the payload_sha256 of what was written."""
-        # Created exclusively: a link planted under the temporary name is removed, never followed.
-        safefs.remove_stale(tmp)
-        f = _open_h5(tmp, "w-")
-        try:
-            f.attrs.update(attrs)
-            g = f.create_group("arrays")
-            h = hashlib.sha256()
-            for name in sorted(arrays):   # the hash's order
-                a = arrays[name]
-                if isinstance(a, Streamed):
-                    ds = g.create_dataset(name, shape=a.shape, dtype=a.dtype)
-                    h.update(header(name, a.dtype, a.shape))
-                    for r0, r1, rows in a:   # one block in memory at a time
-                        ds[r0:r1] = rows
-                        hash_bytes(h, rows)
-                else:
-                    g.create_dataset(name, data=a)
-                    _hash_update(h, name, a)
-            digest = f.attrs["payload_sha256"] = h.hexdigest()
-            f.flush()
-            fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor
-            os.fsync(fd)
-        except BaseException:
-            # After a failed write HDF5 cannot close cleanly either (it tries to extend
-            # the file again, and its exit handler would crash the process trying once
-            # more); the write error is the one to report, the file is deleted anyway.
-            h5check.close_failed(f)
-            raise
-        try:
-            f.close()
-        except Exception as e:  # HDF5 reports close failures as RuntimeError
-            raise OSError(f"closing the HDF5 file failed: {e}") from e
-        # Closing may still write HDF5 bookkeeping (end-of-file address, free space);
-        # one more fsync puts that on disk too, and costs nothing when nothing is dirty.
-        safefs.fsync(tmp)
-        return digest
+        """Write the file; returns the payload_sha256 of what was written (:func:`ckptfile.write_file`)."""
+        return write_file(tmp, arrays, attrs)
 
     def _write_error(self, round: int, e: Exception, nbytes: int) -> str:
         if getattr(e, "errno", None):
@@ -246,21 +216,62 @@ class CheckpointStore:
             if self._owned is not None and path.name not in self._owned:
                 continue   # not this run's (put there since it started): never deleted, never counted
             if valid >= self.keep and path != newest:
-                self._at(path).unlink(missing_ok=True)  # beyond the newest `keep` valid ones
+                listed = ckptshards.listed_shards(self._at(path))
+                self._at(path).unlink(missing_ok=True)  # beyond the newest `keep` valid ones: the manifest first,
+                for name in listed or ():               # so that no checkpoint is ever there without its shards
+                    self._at(self.directory / name).unlink(missing_ok=True)
                 self._verified.pop(path, None)
             elif path == newest or self._is_valid(path):
                 valid += 1
             # A damaged file inside the window stays for inspection until the window
             # moves past it; it never counts towards `keep`.
+        self._sweep_shards()
+
+    def _shards_here(self, names: list) -> None:
+        """Before a manifest is written: every shard it names is in this folder (the held one). A rank
+        whose shard rank 0 does not see wrote into another folder: moved, or not shared by its node."""
+        for name in names:
+            if not self._at(self.directory / name).is_file():
+                raise HpcflError(f"checkpoint shard {name} is not in {self.directory} as rank 0 sees it, though its "
+                                 f"rank wrote it there: the checkpoint folder must be one folder that every node "
+                                 f"reaches (a shared filesystem, not node-local disk). Set checkpoint.dir to such "
+                                 f"a folder, or checkpoint.shards = false to send every row through rank 0. Older "
+                                 f"checkpoints were left untouched.")
+
+    def _sweep_shards(self) -> list:
+        """Delete this run's shard files that no manifest names (see :func:`ckptshards.debris`)."""
+        names = self._held.names() if self._held is not None else [p.name for p in self.directory.iterdir()]
+        rounds = {int(m.group(1)) for n in names if (m := ckptshards.SHARD_RE.match(n))}
+        manifests = {r: (ckptshards.listed_shards(self._at(self.path_for(r))) if self.path_for(r).name in names
+                         else ()) for r in rounds}
+        gone = []
+        for name in ckptshards.debris(self.directory, names, manifests):
+            if self._owned is None or name in self._owned:   # never a file put here since the run began
+                self._at(self.directory / name).unlink(missing_ok=True)
+                gone.append(self.directory / name)
+        return gone
+
+    def _stamp(self, path: Path) -> tuple:
+        """(inode, size, mtime_ns) of a checkpoint file, then of each of its round's shards: a change to any
+        of them makes it be verified again."""
+        st = self._at(path).stat()
+        prefix = path.name[:-len(".h5")] + "."
+        names = self._held.names() if self._held is not None else [p.name for p in self.directory.iterdir()]
+        more = []
+        for n in sorted(n for n in names if n.startswith(prefix) and ckptshards.SHARD_RE.match(n)):
+            try:
+                sh = self._at(self.directory / n).stat()
+                more.append((n, sh.st_ino, sh.st_size, sh.st_mtime_ns))
+            except FileNotFoundError:
+                pass
+        return (st.st_ino, st.st_size, st.st_mtime_ns, tuple(more))
 
     def _remember(self, path: Path) -> None:
-        st = self._at(path).stat()
-        self._verified[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        self._verified[path] = self._stamp(path)
 
     def _is_valid(self, path: Path) -> bool:
         try:
-            st = self._at(path).stat()
-            if self._verified.get(path) == (st.st_ino, st.st_size, st.st_mtime_ns):
+            if self._verified.get(path) == self._stamp(path):
                 return True
             self._read(self._at(path), keep_arrays=False)
         except (_Invalid, OSError):
@@ -294,15 +305,19 @@ class CheckpointStore:
                 continue
             loaded.skipped = skipped[:]
             self._remember(path)  # the first save after a restart need not re-read it
-            loaded.stat = self._verified[path]
+            loaded.stat = self._verified[path][:3]
             return loaded
         return None
 
-    def _read(self, path: Path, keep_arrays: bool) -> Loaded:
-        """Open, check and hash one file; raise :class:`_Invalid` with the reason to skip it."""
+    def _read(self, path: Path, keep_arrays: bool, shards: bool = True) -> Loaded:
+        """Open, check and hash one file (and, with ``shards``, every shard a manifest names); raise
+        :class:`_Invalid` with the reason to skip it."""
         try:
             with _open_h5(path, "r") as f:
-                return self._read_open(f, path, keep_arrays)
+                loaded = self._read_open(f, path, keep_arrays)
+            if shards and "shards" in loaded.manifest:   # every shard present, intact and the manifest's
+                loaded.shards = ckptshards.verify(path.parent, loaded.manifest, loaded.round, loaded.shapes)
+            return loaded
         except (_Invalid, MemoryError):
             raise  # a file too big for this node's memory is not a damaged file
         except Exception as e:  # mostly OSError, but a damaged file can make h5py raise anything
@@ -311,45 +326,4 @@ class CheckpointStore:
 
     @staticmethod
     def _read_open(f: h5py.File, path: Path, keep_arrays: bool) -> Loaded:
-        attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
-        missing = [k for k in _STORE_KEYS + _CALLER_KEYS if k not in attrs]
-        if missing:
-            raise _Invalid(f"missing manifest: no root attribute(s) {missing}")
-        if attrs["format_version"] != FORMAT_VERSION:
-            raise _Invalid(f"format_version {attrs['format_version']!r}, this hpcfl reads {FORMAT_VERSION}")
-        m = _FINAL_RE.match(path.name)
-        if m and int(m.group(1)) != attrs["round"]:
-            raise _Invalid(f"the file name says round {int(m.group(1))}, the manifest round {attrs['round']}")
-        g = f.get("arrays")
-        if not isinstance(g, h5py.Group):
-            raise _Invalid("no /arrays group")
-        h, arrays, shapes = hashlib.sha256(), {}, {}
-        for name in sorted(g):
-            ds = g[name]
-            # Check the type before reading: h5py returns Python objects for string
-            # and variable-length types, which no checkpoint contains.
-            if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in _ALLOWED_KINDS:
-                raise _Invalid(f"/arrays/{name} is not a numeric dataset")
-            if not isinstance(g.get(name, getlink=True), h5py.HardLink):
-                raise _Invalid(f"/arrays/{name} is a link to another object or file")
-            try:   # no external or virtual storage, nothing larger than the file holds
-                h5check.dataset(ds, path, _ALLOWED_KINDS, ndim=None)
-            except h5check.BadFile as e:
-                raise _Invalid(str(e).replace(f"{path}: ", "")) from None
-            shapes[name] = (tuple(ds.shape), ds.dtype)
-            if keep_arrays:
-                arrays[name] = np.asarray(ds[()])  # a 0-d dataset reads as a numpy scalar
-                _hash_update(h, name, arrays[name])
-            else:   # a table larger than this node's memory verifies all the same
-                hash_dataset(h, name, ds)
-        stored, computed = attrs["payload_sha256"], h.hexdigest()
-        if computed != stored:
-            raise _Invalid(f"checksum mismatch: payload_sha256 {str(stored)[:12]}... stored, "
-                           f"{computed[:12]}... computed")
-        try:
-            meta = json.loads(attrs.pop("meta"))
-            for k in set(attrs) - set(_STORE_KEYS) - {"world_size", "config_sha256"}:
-                attrs[k] = json.loads(attrs[k])  # versions and the further manifest keys
-        except (TypeError, ValueError) as e:
-            raise _Invalid(f"manifest JSON unreadable: {e}") from None
-        return Loaded(round=int(attrs["round"]), arrays=arrays, meta=meta, manifest=attrs, path=path, shapes=shapes)
+        return read_open(f, path, keep_arrays)

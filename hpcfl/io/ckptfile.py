@@ -48,9 +48,11 @@ import h5py
 import numpy as np
 
 from hpcfl.errors import HpcflError
-from hpcfl.io.ckptblocks import FileArrays, Streamed, hash_bytes, header
+from hpcfl.io import h5check, safefs
+from hpcfl.io.ckptblocks import FileArrays, Streamed, hash_bytes, hash_dataset, header
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1       # one file holds the whole checkpoint
+SHARDED_VERSION = 2      # a manifest and one shard per rank (hpcfl.io.ckptshards)
 _CALLER_KEYS = ("world_size", "config_sha256", "versions")
 _STORE_KEYS = ("format_version", "round", "created", "payload_sha256", "meta")
 _ALLOWED_KINDS = "biufc"  # bool, int, uint, float, complex: plain numeric HDF5 types
@@ -152,6 +154,8 @@ class Loaded:
     stat : tuple
         (inode, size, mtime_ns) of the file when it was verified: :func:`open_loaded` reopens
         only that file.
+    shards : list of :class:`hpcfl.io.ckptshards.Shard`
+        A sharded checkpoint's verified shards, by rank; empty for a checkpoint in one file.
     """
 
     round: int
@@ -162,6 +166,7 @@ class Loaded:
     skipped: list = field(default_factory=list)
     shapes: dict = field(default_factory=dict)
     stat: tuple = ()
+    shards: list = field(default_factory=list)
 
 
 def open_loaded(loaded: Loaded) -> FileArrays:
@@ -175,3 +180,97 @@ def open_loaded(loaded: Loaded) -> FileArrays:
     except OSError as e:
         raise HpcflError(f"cannot read checkpoint {loaded.path}: {e}; run the same command again to resume "
                          f"from the newest valid checkpoint") from None
+
+
+@h5check.quiet
+def write_file(tmp: Path, arrays: dict, attrs: dict) -> str:
+    """Write, flush and fsync the checkpoint-format file ``tmp`` (created exclusively): ``attrs`` as its root
+    attributes, ``arrays`` (np.ndarray or :class:`Streamed`) under /arrays. Returns the payload_sha256 of
+    what was written (also stored as the attribute of that name)."""
+    # Created exclusively: a link planted under the temporary name is removed, never followed.
+    safefs.remove_stale(tmp)
+    f = _open_h5(tmp, "w-")
+    try:
+        f.attrs.update(attrs)
+        g = f.create_group("arrays")
+        h = hashlib.sha256()
+        for name in sorted(arrays):   # the hash's order
+            a = arrays[name]
+            if isinstance(a, Streamed):
+                ds = g.create_dataset(name, shape=a.shape, dtype=a.dtype)
+                h.update(header(name, a.dtype, a.shape))
+                for r0, r1, rows in a:   # one block in memory at a time
+                    ds[r0:r1] = rows
+                    hash_bytes(h, rows)
+            else:
+                g.create_dataset(name, data=a)
+                _hash_update(h, name, a)
+        digest = f.attrs["payload_sha256"] = h.hexdigest()
+        f.flush()
+        fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor
+        os.fsync(fd)
+    except BaseException:
+        # After a failed write HDF5 cannot close cleanly either (it tries to extend
+        # the file again, and its exit handler would crash the process trying once
+        # more); the write error is the one to report, the file is deleted anyway.
+        h5check.close_failed(f)
+        raise
+    try:
+        f.close()
+    except Exception as e:  # HDF5 reports close failures as RuntimeError
+        raise OSError(f"closing the HDF5 file failed: {e}") from e
+    # Closing may still write HDF5 bookkeeping (end-of-file address, free space);
+    # one more fsync puts that on disk too, and costs nothing when nothing is dirty.
+    safefs.fsync(tmp)
+    return digest
+
+
+def read_open(f: h5py.File, path: Path, keep_arrays: bool, shard: bool = False) -> Loaded:
+    """Check and hash the open checkpoint file ``f`` (a whole checkpoint, a sharded checkpoint's manifest,
+    or with ``shard`` one of its shards); raise :class:`_Invalid` with the reason to skip it. A manifest's
+    shards are checked by :func:`hpcfl.io.ckptshards.verify`, not here."""
+    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
+    missing = [k for k in _STORE_KEYS + _CALLER_KEYS if k not in attrs]
+    if missing:
+        raise _Invalid(f"missing manifest: no root attribute(s) {missing}")
+    version = attrs["format_version"]
+    if version not in ((SHARDED_VERSION,) if shard else (FORMAT_VERSION, SHARDED_VERSION)):
+        raise _Invalid(f"format_version {version!r}, this hpcfl reads {FORMAT_VERSION} and {SHARDED_VERSION}")
+    if not shard and (version == SHARDED_VERSION) != ("shards" in attrs):
+        raise _Invalid(f"format_version {version} {'without' if version == SHARDED_VERSION else 'with'} a shard list")
+    m = _FINAL_RE.match(path.name)
+    if m and int(m.group(1)) != attrs["round"]:
+        raise _Invalid(f"the file name says round {int(m.group(1))}, the manifest round {attrs['round']}")
+    g = f.get("arrays")
+    if not isinstance(g, h5py.Group):
+        raise _Invalid("no /arrays group")
+    h, arrays, shapes = hashlib.sha256(), {}, {}
+    for name in sorted(g):
+        ds = g[name]
+        # Check the type before reading: h5py returns Python objects for string
+        # and variable-length types, which no checkpoint contains.
+        if not isinstance(ds, h5py.Dataset) or ds.dtype.kind not in _ALLOWED_KINDS:
+            raise _Invalid(f"/arrays/{name} is not a numeric dataset")
+        if not isinstance(g.get(name, getlink=True), h5py.HardLink):
+            raise _Invalid(f"/arrays/{name} is a link to another object or file")
+        try:   # no external or virtual storage, nothing larger than the file holds
+            h5check.dataset(ds, path, _ALLOWED_KINDS, ndim=None)
+        except h5check.BadFile as e:
+            raise _Invalid(str(e).replace(f"{path}: ", "")) from None
+        shapes[name] = (tuple(ds.shape), ds.dtype)
+        if keep_arrays:
+            arrays[name] = np.asarray(ds[()])  # a 0-d dataset reads as a numpy scalar
+            _hash_update(h, name, arrays[name])
+        else:   # a table larger than this node's memory verifies all the same
+            hash_dataset(h, name, ds)
+    stored, computed = attrs["payload_sha256"], h.hexdigest()
+    if computed != stored:
+        raise _Invalid(f"checksum mismatch: payload_sha256 {str(stored)[:12]}... stored, "
+                       f"{computed[:12]}... computed")
+    try:
+        meta = json.loads(attrs.pop("meta"))
+        for k in set(attrs) - set(_STORE_KEYS) - {"world_size", "config_sha256"}:
+            attrs[k] = json.loads(attrs[k])  # versions and the further manifest keys
+    except (TypeError, ValueError) as e:
+        raise _Invalid(f"manifest JSON unreadable: {e}") from None
+    return Loaded(round=int(attrs["round"]), arrays=arrays, meta=meta, manifest=attrs, path=path, shapes=shapes)

@@ -136,9 +136,9 @@ def test_a_checkpoint_gone_before_its_check_is_reported_not_a_crash(tmp_path, mo
     the verification failure is reported, not the clean-up's FileNotFoundError."""
     real_read = CheckpointStore._read
 
-    def read(self, path, keep_arrays):
+    def read(self, path, keep_arrays, **more):
         path.unlink()
-        return real_read(self, path, keep_arrays)
+        return real_read(self, path, keep_arrays, **more)
     monkeypatch.setattr(CheckpointStore, "_read", read)
     with pytest.raises(HpcflError, match=r"failed verification right after writing \(unreadable: "):
         save(CheckpointStore(tmp_path))
@@ -204,7 +204,8 @@ def edit(path, change):
 
 def test_skipped_for_another_format_version(good):
     edit(good, lambda f: f.attrs.__setitem__("format_version", 99))
-    assert skipped_because(good) == f"format_version 99, this hpcfl reads {checkpoint.FORMAT_VERSION}"
+    assert skipped_because(good) == (f"format_version 99, this hpcfl reads {checkpoint.FORMAT_VERSION} and "
+                                     f"{checkpoint.SHARDED_VERSION}")
 
 
 def test_skipped_when_the_name_and_the_manifest_disagree_on_the_round(good):
@@ -286,9 +287,9 @@ def test_rotation_verifies_the_older_checkpoints_a_block_at_a_time(tmp_path, mon
         save(first, r)
     asked, real_read = [], CheckpointStore._read
 
-    def read(self, path, keep_arrays):
+    def read(self, path, keep_arrays, **more):
         asked.append((path.name, keep_arrays))
-        return real_read(self, path, keep_arrays)
+        return real_read(self, path, keep_arrays, **more)
     monkeypatch.setattr(CheckpointStore, "_read", read)
     save(CheckpointStore(tmp_path), 3)
     assert sorted(asked) == [("ckpt-00000001.h5", False), ("ckpt-00000002.h5", False), ("ckpt-00000003.h5", False)]

@@ -190,7 +190,7 @@ def test_draining_after_a_partial_read_takes_only_the_rest(tmp_path, monkeypatch
             raise OSError(5, "Input/output error")
         ckptblocks.hash_bytes(h, rows)
 
-    monkeypatch.setattr("hpcfl.io.checkpoint.hash_bytes", failing)
+    monkeypatch.setattr("hpcfl.io.ckptfile.hash_bytes", failing)   # write_file hashes there
     with pytest.raises(HpcflError, match="Input/output error"):
         CheckpointStore(tmp_path).save(1, {"clients.c": st}, manifest=MANIFEST)
     st.drain()

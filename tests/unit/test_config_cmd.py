@@ -91,7 +91,7 @@ def test_printed_job_has_every_default_and_help_before_each_key(capsys):
            "NIID-1)" in lines
     back = tomllib.loads(out)
     assert back["data"]["dirichlet"] == {"alpha": 0.5, "min_samples": 10, "max_tries": 1000, "legacy_rng": False}
-    assert back["checkpoint"] == {"every": 0, "every_minutes": 10.0, "keep": 3}
+    assert back["checkpoint"] == {"every": 0, "every_minutes": 10.0, "keep": 3, "shards": True}
     assert set(back) == {"run", "data", "model", "algorithm", "runtime", "system", "checkpoint", "guard",
                          "watchdog", "results"}
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hpcfl.algorithms.protocol import RowTable
-from hpcfl.engine import resume
+from hpcfl.engine import resume, staterows
 from hpcfl.errors import WriteError
 from hpcfl.io import ckptblocks
 from hpcfl.io.checkpoint import CheckpointStore
@@ -30,7 +30,7 @@ class Wire:
     receive, which must find one of exactly its size (where MPI would block, this fails)."""
 
     def __init__(self):
-        self.queue, self.bcasts = {}, []
+        self.queue, self.bcasts, self.taken = {}, [], {}
 
     def comm(self, rank):
         wire = self
@@ -48,12 +48,13 @@ class Wire:
                 assert len(msg) == buf.nbytes, f"a message of {len(msg)} bytes into a buffer of {buf.nbytes}"
                 np.asarray(buf).reshape(-1).view(np.uint8)[:] = np.frombuffer(msg, dtype=np.uint8)
 
-            def bcast(self, obj, root):
+            def bcast(self, obj, root):   # a rank's k-th bcast gets rank 0's k-th, as in MPI
                 assert root == 0
                 if rank == 0:
                     wire.bcasts.append(obj)
                     return obj
-                return wire.bcasts[-1]
+                wire.taken[rank] = wire.taken.get(rank, 0) + 1
+                return wire.bcasts[wire.taken[rank] - 1]
 
         c = Comm()
         c.rank = rank
@@ -109,7 +110,8 @@ def ranks_of(owner, wire, fill=True, movable=(True, False), size=None):
 def small_blocks(monkeypatch):
     monkeypatch.setattr(ckptblocks, "BLOCK_BYTES", 2 * WIDTH * 8)   # 2 rows a block
     monkeypatch.setattr(resume, "MESSAGE_BYTES", 20)                # a block in 3 messages, the last shorter
-    monkeypatch.setattr(resume, "state_items", lambda s: s.items)
+    for where in (resume, staterows):   # the items the rows' helpers (staterows) and resume's own code see
+        monkeypatch.setattr(where, "state_items", lambda s: s.items)
 
 
 def write_all(ranks, store, x, before=None):
@@ -258,7 +260,8 @@ def test_a_resume_reads_the_file_one_block_at_a_time(small_blocks):
 def test_rank_0_holds_one_block_of_another_ranks_rows(monkeypatch):
     """The buffer rank 0 receives another rank's rows into is one block (here one row), reused."""
     monkeypatch.setattr(ckptblocks, "BLOCK_BYTES", WIDTH * 8)
-    monkeypatch.setattr(resume, "state_items", lambda s: s.items)
+    for where in (resume, staterows):   # the items the rows' helpers (staterows) and resume's own code see
+        monkeypatch.setattr(where, "state_items", lambda s: s.items)
     wire = Wire()
     ranks = ranks_of([1, 1, 1, 0, 1], wire)
     resume._send_tables(ranks[1])
@@ -287,7 +290,7 @@ def test_the_state_is_the_policies_then_the_exact_sums_grid(monkeypatch):
     mine = ServerArray("p", get=lambda: None, set=lambda v: None)
     grid = ServerArray("grid", get=lambda: None, set=lambda v: None)
     s = SimpleNamespace(algo=SimpleNamespace(state=lambda: [mine]))
-    monkeypatch.setattr(resume, "accumulator", lambda s: SimpleNamespace(state=lambda: [grid]))
+    monkeypatch.setattr(staterows, "accumulator", lambda s: SimpleNamespace(state=lambda: [grid]))
     assert resume.state_items(s) == [mine, grid]
-    monkeypatch.setattr(resume, "accumulator", lambda s: object())
+    monkeypatch.setattr(staterows, "accumulator", lambda s: object())
     assert resume.state_items(s) == [mine]

@@ -152,7 +152,7 @@ def test_the_state_size_counts_every_ranks_rows_the_model_and_the_servers_arrays
 
     import torch
 
-    from hpcfl.engine import resume
+    from hpcfl.engine import resume, staterows
     from hpcfl.state import ClientTable, ServerArray
 
     def on_device():   # a RowTable's get() copies a GPU table to the host: the size must not need it
@@ -162,7 +162,8 @@ def test_the_state_size_counts_every_ranks_rows_the_model_and_the_servers_arrays
     items = [ClientTable("a", 3, get=on_device, set=None, rows=lambda slots: np.zeros((len(slots), 3))),
              ClientTable("b", 2, get=lambda: b, set=None),
              ServerArray("g", get=lambda: np.zeros(2), set=None), ServerArray("h", get=lambda: None, set=None)]
-    monkeypatch.setattr(resume, "state_items", lambda s: items)
+    for where in (resume, staterows):   # resume's own code and the rows' helpers
+        monkeypatch.setattr(where, "state_items", lambda s: items)
     s = SimpleNamespace(owner=np.array([0, 1, 1, 0, 1]), model=SimpleNamespace(length=4, flat=torch.zeros(4)))
     assert resume.state_bytes(s) == 120 + 40 + 16 + 16
 
