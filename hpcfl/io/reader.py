@@ -74,7 +74,7 @@ class Results:
     num_classes: int | None = None
     source: Path | None = None   # the file it was read from
     client_eval: dict[str, np.ndarray] = dc_field(default_factory=dict)   # /client_eval (run.eval_clients)
-    panel: np.ndarray | None = None   # /clients_panel: the clients whose rows /clients keeps (results.clients = sampled)
+    panel: np.ndarray | None = None   # /clients_panel: whose rows /clients keeps (results.clients = sampled)
     # How the hpcfl.run call that returned these results ended: "finished", "diverged" (this call's
     # rounds diverged), "already finished" or "already diverged" (nothing to do); None from load().
     outcome: str | None = None
