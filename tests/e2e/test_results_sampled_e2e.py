@@ -79,3 +79,56 @@ def test_every_client_each_round_writes_the_panels_rows_chunked_by_round(tmp_pat
     with h5py.File(tmp_path / "full" / "results.h5", "r") as f:
         assert f.attrs["clients_recorded"] == "sampled" and f["clients_panel"][()].tolist() == panel.tolist()
         assert f["clients/steps"].chunks == (1024,)
+
+
+KILLED_JOB = """
+[run]
+name = "sampled_kill"
+seed = 4
+rounds = 4
+[data]
+dataset = "quadratic"
+partition = "natural"
+num_clients = 300
+[data.quadratic]
+num_clients = 300
+dim = 2
+std = 0.1
+[model]
+name = "quadratic"
+[algorithm]
+name = "fedavg"
+lr = 0.05
+batch_size = 1
+clients_per_round = 60
+[runtime]
+dtype = "float64"
+threads = 1
+progress = "none"
+[checkpoint]
+every = 2
+[results]
+clients = "sampled"
+client_sample = 0.05
+flush_seconds = 1000
+"""
+
+
+def test_a_killed_sampled_run_resumes_to_the_run_never_stopped(tmp_path):
+    """SIGKILL at the start of round 4 (round 3's rows buffered, never written; ckpt-2 on disk): the
+    resume keeps rounds 1-2 of the panel's rows and writes 3-4 again, bitwise the uninterrupted run."""
+    from clirun import assert_same_run, hpcfl as cli_run
+
+    jobfile = tmp_path / "job.toml"
+    jobfile.write_text(KILLED_JOB)
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    p = cli_run("run", str(jobfile), "--out", str(out), env={"HPCFL_FAULT": "0:decide:3:kill"}, timeout=600)
+    assert p.returncode == -9, p.stderr
+    assert load(out).metrics["round"].tolist() == [1, 2]   # what ckpt-2 holds; round 3 was in the buffer
+    p = cli_run("run", str(jobfile), "--out", str(out), timeout=600)
+    assert p.returncode == 0 and "resuming from ckpt-00000002.h5" in p.stdout, p.stderr
+    assert cli_run("run", str(jobfile), "--out", str(ref), timeout=600).returncode == 0
+    assert_same_run(ref, out)
+    a, b = load(ref), load(out)
+    assert a.panel.tolist() == b.panel.tolist() == client_panel(4, 300, 0.05).tolist()
+    assert b.segments[-1]["start_round"] == 3 and len(b.clients["round"]) == len(a.clients["round"]) > 0
