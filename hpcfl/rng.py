@@ -19,6 +19,7 @@ EVAL = 6
 STATS = 7   # samples drawn by a statistics phase before training
 STRAGGLER = 8   # which clients are slow and by how much (the straggler steps policy)
 CLIENT_EVAL = 9   # each client's held-out test rows (hpcfl.data.client_test)
+CLIENT_PANEL = 10   # the clients whose rows results.h5 keeps (results.clients = sampled; hpcfl.io.panel)
 
 
 def seed_sequence(seed: int, stream: int, rnd: int = 0, client: int = 0, draw: int = 0) -> np.random.SeedSequence:

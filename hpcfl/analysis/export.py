@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ import numpy as np
 from ..errors import HpcflError
 from ..io import safefs
 from ..io.h5check import BadFile, has_signature
-from ..io.reader import no_client_rows
+from ..io.reader import no_client_rows, sampled_rows
 from . import runs as R
 from . import tbevents
 
@@ -179,6 +180,9 @@ def write_table(paths: list, out, fmt: str, name: str = "metrics", by=None) -> s
     results = R.load_runs(files)
     labels = {id(r): label for label, members in R.group_runs(results, by).items() for r in members}
     df = table(results, labels, name)
+    for note in (sampled_rows(r) for r in results) if name == "clients" else ():
+        if note:   # the rows are there, of a panel of clients: said beside the table, which stays the file's columns
+            print(f"hpcfl export: note: {note}", file=sys.stderr, flush=True)
     if out is None:
         return df.to_csv(index=False)
     write_table_file(Path(out), table_bytes(df, fmt), files)   # checked again there: reading took a while

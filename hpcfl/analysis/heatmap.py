@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import HpcflError
-from ..io.reader import no_client_rows
+from ..io.reader import no_client_rows, sampled_rows
 from .figures import DEFAULT_SIZE, check_out_path, figure, run_label, save, style
 
 MAX_HEATMAP_ROWS = 1000        # more clients than this: evenly spaced cohort members are drawn
@@ -30,10 +30,16 @@ def _num_clients(res) -> int:
 
 
 def _heatmap_rows(res, n: int) -> np.ndarray:
-    """Client ids drawn: all ``n`` clients, or evenly spaced cohort members above the limit."""
-    if n <= MAX_HEATMAP_ROWS:
+    """Client ids drawn: all ``n`` clients, or evenly spaced cohort members above the limit; of a run
+    that kept a panel's rows (results.clients = "sampled"), the panel's clients."""
+    if sampled_rows(res) and res.panel is not None:   # the others' rows would be blank, not "never in a cohort"
+        seen = np.unique(np.asarray(res.panel, dtype=np.int64))
+    elif n <= MAX_HEATMAP_ROWS:
         return np.arange(n)
-    seen = np.unique(res.clients["client"])   # clients never in a cohort would be blank rows
+    else:
+        seen = np.unique(res.clients["client"])   # clients never in a cohort would be blank rows
+    if seen.size <= MAX_HEATMAP_ROWS:
+        return seen
     pick = np.unique(np.linspace(0, seen.size - 1, min(seen.size, MAX_HEATMAP_ROWS)).round().astype(np.int64))
     return seen[pick]
 
@@ -142,6 +148,9 @@ def client_heatmap_png(results, field: str, path, size=DEFAULT_SIZE, log: bool =
             ticks = np.linspace(0, rows.size - 1, 6).round().astype(int)
             ax.set_yticks(ticks, [str(rows[t]) for t in ticks])
         shown = f" ({rows.size} of {n} clients shown)" if rows.size < n else ""
+        if sampled_rows(results):
+            shown = f" (panel of {len(results.panel)} of {n} clients: results.clients = sampled" + (
+                f", {rows.size} shown)" if rows.size < len(results.panel) else ")")
         ax.set_title(f"{run_label(results)}: {field} per client and round{shown}\n"
                      f"white: not in the round's cohort; grey: in it, no value")
         unit = client_unit(results, field)

@@ -27,6 +27,8 @@ PRESETS = registry.PRESETS   # paper algorithms as presets over the four slots (
 POLICY_SLOTS = ("local", "steps", "weights", "server")
 
 
+DEFAULT_CLIENT_SAMPLE = 0.01   # results.client_sample left out: a panel of 1 % of the clients
+
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
@@ -296,9 +298,31 @@ class ResultsSection:
         "rank 0 buffers rounds and writes them to results.h5 at most this many seconds apart (and before "
         "every checkpoint), off the rounds' critical path; 0 writes every round"})
     clients: str = field(default="all", metadata={
-        "choices": ("all", "none"), "help": "per-client rows in results.h5 (/clients): all (one row per cohort "
-                                            "member and round) or none (metrics only; a 100k-client cohort "
-                                            "writes ~0.9 MB a round of rows, docs/results.md); kept on resume"})
+        "choices": ("all", "sampled", "none"), "help": "per-client rows in results.h5 (/clients): all (one row "
+                                                       "per cohort member and round), sampled (the rows of a fixed "
+                                                       "panel of clients only, results.client_sample) or none "
+                                                       "(metrics only; a 100k-client cohort writes ~0.9 MB a round "
+                                                       "of rows, docs/results.md); kept on resume"})
+    client_sample: float | None = field(default=None, metadata={
+        "help": "results.clients = 'sampled': the fraction in (0, 1] of all clients in the panel, ceil(fraction * "
+                "num_clients) clients drawn once from run.seed; unset: 0.01 (1 %); kept on resume"})
+
+    def validate(self) -> list[str]:
+        f = self.client_sample
+        if f is None:
+            return []
+        if not 0 < f <= 1:
+            return [f"results.client_sample = {f!r} must be a fraction of the clients in (0, 1], e.g. "
+                    f"results.client_sample = 0.01 for a panel of 1 % of them"]
+        if self.clients != "sampled":
+            return [f"results.client_sample = {f!r} is used only with results.clients = 'sampled' (this job has "
+                    f"{self.clients!r}); set results.clients = 'sampled' or leave results.client_sample out"]
+        return []
+
+    @property
+    def sample_fraction(self) -> float:
+        """The panel's fraction of the clients: ``client_sample``, or :data:`DEFAULT_CLIENT_SAMPLE` unset."""
+        return DEFAULT_CLIENT_SAMPLE if self.client_sample is None else self.client_sample
 
 
 def defaults() -> dict:

@@ -188,6 +188,7 @@ class JobRun:
 
     def _writer(self, devices: list):
         """Rank 0: results.h5, new or reopened at the checkpoint's round."""
+        from ..io.panel import client_panel
         from ..io.results import ResultsWriter
 
         cfg, s, comm = self.cfg, self.setup, self.comm
@@ -196,12 +197,17 @@ class JobRun:
         if cfg.plugins():   # which code of your own ran: file and SHA-256, the latest and each segment's
             attrs["plugins"] = cfg.plugins()
             attrs["versions"] = {**attrs["versions"], "plugins": cfg.plugins()}
+        rows, panel = cfg.algorithm.clients_per_round or len(s.class_counts), None
+        if cfg.results.clients == "sampled":   # the panel's rows only (docs/results.md, "Large cohorts")
+            panel = client_panel(cfg.run.seed, len(s.class_counts), cfg.results.sample_fraction)
+            # every client each round: the panel's P rows a round, chunked by round as a cohort of P; a
+            # sampled cohort meets a varying part of the panel, which fills uncompressed chunks
+            rows = 0 if cfg.algorithm.clients_per_round else len(panel)
         return ResultsWriter(self.out / "results.h5", attrs, s.class_counts,
                              resume_at=self.start if self.mode == "resume" else None,
                              metric_fields=s.algo.round_fields, client_fields=s.algo.client_fields,
                              client_eval=s.client_eval is not None, **batching(cfg.results.flush_seconds),
-                             cohort=cfg.algorithm.clients_per_round or len(s.class_counts),
-                             clients=cfg.results.clients)
+                             cohort=rows, clients=cfg.results.clients, panel=panel)
 
     def _say_start(self, placed: list) -> None:
         """Rank 0: the run in one line, each rank's GPU, and the notes the job leaves implicit."""

@@ -42,6 +42,18 @@ def no_client_rows(res) -> str | None:
             f"there); run it again with results.clients = \"all\" for /clients")
 
 
+def sampled_rows(res) -> str | None:
+    """What ``res``'s per-client rows are when its run kept a panel's only (``results.clients = "sampled"``),
+    else None: a sentence for the readers that show or export them."""
+    if str(res.attrs.get("clients_recorded", "all")) != "sampled":
+        return None
+    held = len(res.class_counts) if res.class_counts is not None else "?"
+    size = len(res.panel) if res.panel is not None else "?"
+    return (f"{res.source}: /clients holds the rows of a panel of {size} of {held} clients only (results.clients = "
+            f"\"sampled\"; their ids: .panel, /clients_panel); statistics over its rows are the panel's, not the "
+            f"cohort's (the cohort-wide figures are in /metrics)")
+
+
 @dataclass(repr=False)
 class Results:
     """Plain-array view of a results file (see hpcfl.io.schema for the layout)."""
@@ -62,6 +74,7 @@ class Results:
     num_classes: int | None = None
     source: Path | None = None   # the file it was read from
     client_eval: dict[str, np.ndarray] = dc_field(default_factory=dict)   # /client_eval (run.eval_clients)
+    panel: np.ndarray | None = None   # /clients_panel: whose rows /clients keeps (results.clients = sampled)
     # How the hpcfl.run call that returned these results ended: "finished", "diverged" (this call's
     # rounds diverged), "already finished" or "already diverged" (nothing to do); None from load().
     outcome: str | None = None
@@ -308,6 +321,8 @@ def load(path: str | Path, lazy: bool = False) -> Results:
             res.summaries = {k: read(member(g, k, h5py.Dataset, path), path, "f") for k in g}
         if "controller_events" in f:
             res.events = _events(f, path)
+        if "clients_panel" in f:
+            res.panel = read(member(f, "clients_panel", h5py.Dataset, path), path, "iu")
         if "client_eval" in f:
             res.client_eval, res.units["client_eval"] = columns(
                 f, "client_eval", path, {k: _kind(v.dtype) for k, v in CLIENT_EVAL.items()}, live)

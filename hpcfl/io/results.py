@@ -21,6 +21,7 @@ from ..errors import HpcflError
 from ..state import Field
 from . import h5check, reader, safefs
 from .h5check import BadFile  # noqa: F401  (callers have found it here)
+from .panel import PanelFilter
 from .reader import Results, diverged_round, load, metric_rows, status  # noqa: F401
 from .results_final import FinalWrites
 from .results_h5 import (LOCKING, _append, _client_eval_group, _column, _copy_client_eval, _describe,  # noqa: F401
@@ -49,18 +50,27 @@ class ResultsWriter(FinalWrites):
         Client rows a round: ``/clients`` of a cohort of :data:`~hpcfl.io.schema.COMPRESS_FROM` or more
         is chunked by round and compressed (:func:`~hpcfl.io.schema.client_layout`); 0: unknown (small).
     clients : str
-        ``results.clients``: "all" (a row per cohort member and round) or "none" (``/clients`` stays
-        empty; the file's ``clients_recorded`` attribute says so). A resume keeps the file's choice.
+        ``results.clients``: "all" (a row per cohort member and round), "sampled" (the rows of the
+        cohort members in ``panel`` only) or "none" (``/clients`` stays empty). The file's
+        ``clients_recorded`` attribute says which. A resume keeps the file's choice.
+    panel : np.ndarray, shape (P,), optional
+        With "sampled" (and only then): the panel's client ids (:func:`hpcfl.io.panel.client_panel`),
+        stored as ``/clients_panel``; a resume checks that the file holds the same panel.
     """
 
     @h5check.quiet
     def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
                  metric_fields: dict | None = None, client_fields: dict | None = None, client_eval: bool = False,
-                 batch_seconds: float = 0.0, batch_rows: int = 1 << 20, cohort: int = 0, clients: str = "all"):
+                 batch_seconds: float = 0.0, batch_rows: int = 1 << 20, cohort: int = 0, clients: str = "all",
+                 panel: np.ndarray | None = None):
         if clients not in CLIENT_CHOICES:
             raise HpcflError(f"results.clients = {clients!r}: choose one of {', '.join(CLIENT_CHOICES)}")
+        if (clients == "sampled") != (panel is not None and len(panel) > 0):
+            raise HpcflError(f"results.clients = {clients!r} " + ("needs a panel of clients" if clients == "sampled"
+                                                                  else "takes no panel of clients"))
         self.path = Path(path)
         self.cohort, self.clients = int(cohort), clients
+        self.panel = PanelFilter(panel) if clients == "sampled" else None
         self.client_eval = client_eval
         self.batch_seconds, self.batch_rows = batch_seconds, batch_rows
         self._pending, self._pending_rows, self._written_at = [], 0, time.monotonic()
@@ -84,6 +94,8 @@ class ResultsWriter(FinalWrites):
             self.file.attrs["status"] = "running"
             self.file.attrs["schema_version"] = SCHEMA_VERSION
             self.file.attrs["clients_recorded"] = clients
+            if self.panel is not None:
+                _panel_dataset(self.file, self.panel.panel)
             for group, fields, rows in (("metrics", self.metrics, 1), ("clients", self.client_fields, self.cohort)):
                 g = self.file.create_group(group)
                 for name, f in fields.items():
@@ -166,6 +178,9 @@ class ResultsWriter(FinalWrites):
                              f"{self.clients!r}: a file holds one choice for all its rounds. Resume with --set "
                              f"results.clients={recorded}, or start a new run (another --out, or --force)")
         new.attrs["clients_recorded"] = recorded
+        if self.panel is not None:
+            self._same_panel(old)
+            _panel_dataset(new, self.panel.panel)
         for group in ("metrics", "clients"):
             g = new.create_group(group)
             rows = 1 if group == "metrics" else self.cohort
@@ -200,6 +215,17 @@ class ResultsWriter(FinalWrites):
         new.attrs["status"] = "running"
         new.attrs["resumed_at_round"] = rounds_done
 
+    def _same_panel(self, old: h5py.File) -> None:
+        """Refuse to resume a "sampled" file whose panel is not this run's: its rows would mix two panels."""
+        ds = old.get("clients_panel")
+        held = ds[()] if isinstance(ds, h5py.Dataset) and ds.ndim == 1 and ds.dtype.kind in "iu" else None
+        if held is None or not np.array_equal(held, self.panel.panel):
+            what = "no readable /clients_panel" if held is None else f"a panel of {len(held)} clients"
+            raise HpcflError(f"{self.path} holds {what} and this run's panel (results.client_sample, run.seed) is "
+                             f"{len(self.panel.panel)} other clients: a file keeps one panel for all its rounds. "
+                             f"Resume with the job's stored results.client_sample and run.seed, or start a new run "
+                             f"(another --out, or --force)")
+
     def append_round(self, metrics: dict, clients: dict) -> None:
         """Add one round: ``metrics`` has a scalar per metric field, ``clients`` an array per client field.
 
@@ -215,8 +241,14 @@ class ResultsWriter(FinalWrites):
         if missing:
             raise KeyError(f"round records missing {sorted(missing)}")
         # copies in the file's dtypes: the caller may reuse its arrays for the next round
-        rows = {} if self.clients == "none" else {name: np.array(clients[name], dtype=f.dtype).reshape(-1)
-                                                  for name, f in self.client_fields.items()}
+        if self.clients == "none":
+            rows = {}
+        elif self.panel is not None:   # the panel's rows only: the buffer and the writes grow with the panel
+            keep = self.panel.rows(clients["client"])
+            rows = {name: np.asarray(clients[name]).reshape(-1)[keep].astype(f.dtype)
+                    for name, f in self.client_fields.items()}
+        else:
+            rows = {name: np.array(clients[name], dtype=f.dtype).reshape(-1) for name, f in self.client_fields.items()}
         self._pending.append(({name: metrics[name] for name in self.metrics}, rows))
         self._pending_rows += len(rows.get("client", ()))
         if self._pending_rows >= self.batch_rows or time.monotonic() - self._written_at >= self.batch_seconds:
@@ -298,3 +330,10 @@ class ResultsWriter(FinalWrites):
             except (OSError, RuntimeError):
                 h5check.close_failed(self.file)
             self.file = None
+
+
+def _panel_dataset(f: h5py.File, panel: np.ndarray) -> None:
+    """``/clients_panel``: the ids of the clients whose rows ``/clients`` keeps (results.clients = "sampled")."""
+    _describe(f.create_dataset("clients_panel", data=np.asarray(panel, dtype=np.int64)), "client",
+              "ids of the clients whose rows /clients keeps (results.clients = 'sampled'): a fixed panel drawn "
+              "from run.seed; the rows of the other cohort members are not in the file")

@@ -35,7 +35,9 @@ one row per round or per participating client; the file is flushed after every r
                                    float64  real seconds per phase on rank 0 (decide: weights,
                                             statistics phase, steps)
     /clients/round, /clients/client, /clients/steps      int64  (one row per cohort member;
-                                                                round 1-based as above)
+                                                                round 1-based as above; with
+                                                                results.clients = "sampled" the
+                                                                panel's members only)
     /clients/weight, /clients/train_loss                 float64 (normalised weight; 0 and NaN if dropped)
     /clients/anorm                 float64  ||a_i||_1, FedNova's normaliser (= steps for plain SGD)
     /clients/anorm2, alast         float64  ||a_i||_2^2 and the last coefficient a_{i,-1}
@@ -53,6 +55,8 @@ one row per round or per participating client; the file is flushed after every r
     /client_eval/accuracy, loss    float64  the global model on the client's held-out rows
     /clients_summary/<field>_<stat> float64 (clients,) per-client median or mean over rounds
                                             of fields declared with a summary
+    /clients_panel                 int64 (P,) results.clients = "sampled": the ids of the clients
+                                   whose rows /clients keeps (hpcfl.io.panel); absent otherwise
     /segments/<column>             one row per start or resume of the run: start_round (int64,
                                    the first round it ran, 1-based), world_size (int64), devices
                                    and versions (JSON strings), started (UTC time string)
@@ -93,7 +97,8 @@ CHUNK = 1024   # rows per chunk of every /metrics column, and of /clients for co
 COMPRESS_FROM = 1024
 MAX_CHUNK = 1 << 20
 CLIENT_FILTERS = {"shuffle": True, "compression": "gzip", "compression_opts": 1}
-CLIENT_CHOICES = ("all", "none")   # results.clients: every cohort row of every round, or no /clients rows
+# results.clients: every cohort row of every round, the rows of a fixed panel of clients (/clients_panel), or none
+CLIENT_CHOICES = ("all", "sampled", "none")
 
 
 def client_layout(cohort: int) -> dict:

@@ -46,10 +46,14 @@ def summary(res) -> str:
                          f"(round {int(rounds[i])})")
             break
     n_rows = _rows(res.clients)
+    kept = str(res.attrs.get("clients_recorded", "all"))
+    panel = getattr(res, "panel", None)
+    whose = (f"one per cohort member of the panel and round ({len(panel) if panel is not None else '?'} of "
+             f"{len(res.class_counts) if res.class_counts is not None else '?'} clients, .panel; "
+             f"results.clients = \"sampled\")") if kept == "sampled" else "one per cohort member and round"
     lines += [f"  .metrics: {len(res.metrics)} per-round arrays ({_names(res.metrics)})",
-              f"  .clients: {len(res.clients)} arrays of {n_rows} rows, one per cohort member and round "
-              f"({_names(res.clients)})" + (' (results.clients = "none": none kept)'
-                                            if str(res.attrs.get("clients_recorded", "all")) == "none" else ""),
+              f"  .clients: {len(res.clients)} arrays of {n_rows} rows, {whose} "
+              f"({_names(res.clients)})" + (' (results.clients = "none": none kept)' if kept == "none" else ""),
               *([f"  .client_eval: {len(res.client_eval)} arrays of {_rows(res.client_eval)} rows, one per "
                  f"client and evaluated round ({_names(res.client_eval)})"] if getattr(res, "client_eval", None)
                 else []),

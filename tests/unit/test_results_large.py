@@ -169,8 +169,8 @@ def test_a_resume_keeps_the_files_choice_of_results_clients(tmp_path):
     assert res.metrics["round"].tolist() == [1, 2] and len(res.clients["round"]) == 0
 
 
-def test_results_clients_takes_all_or_none():
-    with pytest.raises(HpcflError, match="results.clients = 'some': choose one of all, none"):
+def test_results_clients_takes_all_sampled_or_none():
+    with pytest.raises(HpcflError, match="results.clients = 'some': choose one of all, sampled, none"):
         ResultsWriter("unused.h5", ATTRS, np.ones((1, 1)), clients="some")
     from hpcfl import config
     with pytest.raises(HpcflError, match="some"):
