@@ -129,6 +129,27 @@ def results_bytes(metric_bytes: int, client_bytes: int, eval_bytes: int, cohort:
     return int(per_round), int(total)
 
 
+def save_bytes(cfg, ranks: int, ckpt: int, rows: int, own_rows: int) -> int:
+    """The bytes the slowest rank writes in a checkpoint of ``ckpt`` bytes, ``rows`` of them per-client
+    rows: all of it through rank 0 (one rank, ``checkpoint.shards = false``, no per-client state), or
+    with shards the manifest plus the largest rank's ``own_rows``, written at once by every rank (the
+    filesystem taking the ranks' writes in parallel, as a cluster's does; docs/performance.md)."""
+    if ranks > 1 and cfg.checkpoint.shards and rows > 0:
+        return ckpt - rows + own_rows
+    return ckpt
+
+
+def recorded_rows(cfg, cohort: int, n: int) -> float:
+    """``/clients`` rows an average round writes: the cohort (``results.clients = "all"``), none, or
+    (``"sampled"``) the cohort's expected share of the panel, ceil(fraction N) of the N clients."""
+    if cfg.results.clients == "none":
+        return 0
+    if cfg.results.clients == "sampled":
+        from ..io.panel import panel_size
+        return cohort * panel_size(n, cfg.results.sample_fraction) / n
+    return cohort
+
+
 def measure_disk(folder, nbytes: int = 256 << 20) -> float:
     """Seconds per GB of a timed write of ``nbytes`` and fsync in ``folder`` (the file is removed, and
     the folder too if this made it)."""
@@ -255,15 +276,15 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     client_bytes = sum(np.dtype(f.dtype).itemsize for f in {**CLIENT_FIELDS, **algo.client_fields}.values())
     eval_bytes = sum(np.dtype(f.dtype).itemsize for f in CLIENT_EVAL.values())
     cohort = min(cfg.algorithm.clients_per_round, n) if cfg.algorithm.clients_per_round else n
-    per_round, total = results_bytes(metric_bytes, client_bytes, eval_bytes, cohort, n, cfg.run.rounds,
-                                     eval_rounds, counts.nbytes, CHUNK, model.length * b)
+    per_round, total = results_bytes(metric_bytes, client_bytes, eval_bytes, recorded_rows(cfg, cohort, n), n,
+                                     cfg.run.rounds, eval_rounds, counts.nbytes, CHUNK, model.length * b)
     rate = save_s_per_gb if save_s_per_gb is not None else SAVE_S_PER_GB
     # a cohort (or, evaluated, a client count) of COMPRESS_FROM rows or more is stored compressed (io/schema.py):
     # how small depends on the values, so the figures above are then upper bounds
     from ..io.schema import COMPRESS_FROM
-    compressed = cohort >= COMPRESS_FROM or (eval_rounds > 0 and n >= COMPRESS_FROM)
+    compressed = recorded_rows(cfg, cohort, n) >= COMPRESS_FROM or (eval_rounds > 0 and n >= COMPRESS_FROM)
     plan = Plan(ranks, nodes, per_node, n, per_rank, model.num_params, cached, hit, terms, rank, node, miss, per_round,
-                total, ckpt, ckpt / 1e9 * rate,
+                total, ckpt, save_bytes(cfg, ranks, ckpt, n * row_bytes, per_rank * row_bytes) / 1e9 * rate,
                 f"{rate:.2f} s/GB " + ("measured" if save_s_per_gb is not None else "(the development machine's)"))
     plan.results_compressed = compressed
     plan.warnings = warnings(plan, cfg, node_bytes or node_memory(), signal_margin)

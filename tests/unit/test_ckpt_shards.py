@@ -156,3 +156,18 @@ def test_a_manifest_edited_to_name_another_shard_or_size_is_skipped(tmp_path):
         f.attrs["shards"] = json.dumps(edited)
     got = store.load_latest(keep_arrays=False)
     assert got.round == 2 and "the manifest says" in dict(got.skipped)[store.path_for(4)]
+
+
+def test_a_shard_that_does_not_read_back_as_written_is_deleted_and_the_save_fails(tmp_path, monkeypatch):
+    """A silent write error (here: one value changed on its way to disk, hashed as it was meant to be)."""
+    real = ckptshards.write_file
+
+    def write_other(tmp, arrays, attrs):
+        digest = real(tmp, arrays, attrs)
+        with h5py.File(tmp, "r+") as f:
+            f["arrays/clients.c"][1, 2] += 1
+        return digest
+    monkeypatch.setattr(ckptshards, "write_file", write_other)
+    with pytest.raises(HpcflError, match=r"rank 2 could not write .*clients.c rows 0..3 read back differ"):
+        ckptshards.write(tmp_path, 4, "0000beef", 2, shard_arrays(2), MANIFEST)
+    assert list(tmp_path.iterdir()) == []

@@ -120,3 +120,24 @@ def test_measured_disk_rate(tmp_path):
     rate = plan.measure_disk(tmp_path, 16 << 20)
     assert rate > 0 and list(tmp_path.iterdir()) == []   # the file is removed
     assert plan.measure_disk(tmp_path / "new", 8 << 20) > 0 and not (tmp_path / "new").exists()   # and a folder it made
+
+
+def test_recorded_rows_follow_results_clients():
+    """/clients rows an average round writes, by results.clients."""
+    assert plan.recorded_rows(tiny(), 3, 7) == 3
+    assert plan.recorded_rows(tiny(**{"results.clients": "none"}), 3, 7) == 0
+    # sampled 0.3 of 7 clients: a panel of ceil(2.1) = 3; a cohort of 3 meets 3 * 3/7 of it on average
+    assert plan.recorded_rows(tiny(**{"results.clients": "sampled", "results.client_sample": 0.3}), 3, 7) == 9 / 7
+    p_all = plan.estimate(tiny(), ranks=1, base=0)
+    p_none = plan.estimate(tiny(**{"results.clients": "none"}), ranks=1, base=0)
+    # TINY's cohort is 3 clients: 3 rows of round, client, steps, weight, train_loss, ... (73 bytes) a round
+    assert p_all.results_round_bytes - p_none.results_round_bytes == 3 * 73
+
+
+def test_a_sharded_checkpoint_is_timed_by_the_largest_ranks_rows():
+    one, two = plan.estimate(tiny(), ranks=1, base=0), plan.estimate(tiny(), ranks=2, base=0)
+    off = plan.estimate(tiny(**{"checkpoint.shards": "false"}), ranks=2, base=0)
+    rows, own = 7 * 15 * 4, 4 * 15 * 4       # SCAFFOLD's c_i of 15 float32: all 7 clients', rank 0's 4
+    assert one.checkpoint_bytes == two.checkpoint_bytes == off.checkpoint_bytes
+    assert one.save_s == off.save_s == one.checkpoint_bytes / 1e9 * plan.SAVE_S_PER_GB
+    assert two.save_s == (two.checkpoint_bytes - rows + own) / 1e9 * plan.SAVE_S_PER_GB
