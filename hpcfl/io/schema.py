@@ -155,8 +155,10 @@ CLIENT_EVAL = {
 }
 SUMMARIES = {"median": np.nanmedian, "mean": np.nanmean}
 # 2: rounds 1-based, /segments, /final in the run's dtype with the model's input shape.
+# 3: /final, /clients_summary and /controller_events exist from the start (filled when the run ends: read
+# them once status is "finished"), status is a fixed-size string, diverged and diverged_round always there.
 # Files without the attribute are version 1 (rounds 0-based); the reader converts them.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SEGMENT_COLUMNS = {   # name -> (dtype, unit, description)
     "start_round": (I64, "round", "first round this segment ran (1-based)"),
     "world_size": (I64, "ranks", "MPI ranks of this segment"),
