@@ -7,8 +7,9 @@ one row per round or per participating client; the file is flushed after every r
     /                      attrs: schema_version (2), config (JSON), config_sha256, run_id,
                                   versions (JSON: hpcfl, torch, ...), world_size, devices (JSON
                                   list, one per rank) of the latest segment, seed, status
-                                  ("running" | "finished" | "diverged"), resumed_at_round;
-                                  a diverged run also has diverged (true) and diverged_round;
+                                  ("running" | "finished" | "diverged", 8 fixed bytes),
+                                  resumed_at_round, diverged and diverged_round (false and 0
+                                  unless it diverged);
                                   a run with code of its own (model.name = "nets:SmallCNN", ...)
                                   has plugins (JSON: {key: {name, file, sha256}}, the latest
                                   segment's modules: which file ran, and its SHA-256; each
@@ -47,6 +48,8 @@ one row per round or per participating client; the file is flushed after every r
                                             FedGSNR's GSNR, ...), see docs/architecture.md
     /controller_events             (round, old_tau, new_tau, reason) rows of the changes of tau
                                    by GIFT, AdaComm or AFL (written when the run finishes)
+    (/final, /clients_summary and /controller_events are created with the file and filled when
+    the run finishes: read them once status is "finished"; hpcfl.io.results_final)
     /client_eval/round, client, samples  int64   (run.eval_clients: one row per client per evaluated
                                                 round; samples: its held-out test rows, drawn from the
                                                 test set with its label mix, hpcfl.data.client_test)
