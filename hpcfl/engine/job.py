@@ -189,7 +189,7 @@ class JobRun:
     def _writer(self, devices: list):
         """Rank 0: results.h5, new or reopened at the checkpoint's round."""
         from ..io.panel import client_panel
-        from ..io.results import ResultsWriter
+        from ..io.results import FinalModel, ResultsWriter
 
         cfg, s, comm = self.cfg, self.setup, self.comm
         attrs = {"config": cfg.to_dict(), "config_sha256": cfg.digest(), "run_id": self.planned.run_id,
@@ -207,7 +207,9 @@ class JobRun:
                              resume_at=self.start if self.mode == "resume" else None,
                              metric_fields=s.algo.round_fields, client_fields=s.algo.client_fields,
                              client_eval=s.client_eval is not None, **batching(cfg.results.flush_seconds),
-                             cohort=rows, clients=cfg.results.clients, panel=panel)
+                             cohort=rows, clients=cfg.results.clients, panel=panel, model=FinalModel(
+                                 s.model.names, s.model.shapes, cfg.runtime.dtype, s.dataset.input_shape,
+                                 s.dataset.num_classes))
 
     def _say_start(self, placed: list) -> None:
         """Rank 0: the run in one line, each rank's GPU, and the notes the job leaves implicit."""
@@ -325,13 +327,12 @@ class JobRun:
         diverged, and closes results.h5; the End event; the Results on every rank."""
         comm, s = self.comm, self.setup
         if diverged is None:
-            self.control.phase("final", self.cfg.run.rounds - 1)   # rank 0 copies results.h5: start-up allowance
+            self.control.phase("final", self.cfg.run.rounds - 1)   # rank 0 fills /final: start-up allowance
         err = None
         if comm.rank == 0:
             try:
                 if diverged is None:
-                    self.writer.write_final(x, s.model.names, s.model.shapes, s.dataset.input_shape,
-                                            s.dataset.num_classes)
+                    self.writer.write_final(x)
                 else:
                     self.writer.mark_diverged(diverged.round)
             except HpcflError as exc:   # a full disk: results.h5 keeps every round, the checkpoints intact

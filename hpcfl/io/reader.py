@@ -316,10 +316,13 @@ def load(path: str | Path, lazy: bool = False) -> Results:
         if old:
             res.metrics["round"] = res.metrics["round"] + 1
             res.clients["round"] = res.clients["round"] + 1
-        if "clients_summary" in f:
+        # /final, /clients_summary and /controller_events hold the run's end once status says so: a
+        # schema 3 file has them (NaN, empty) from its start, an older one only once finished
+        done = str(attrs.get("status", "running")) == "finished"
+        if done and "clients_summary" in f:
             g = member(f, "clients_summary", h5py.Group, path)
             res.summaries = {k: read(member(g, k, h5py.Dataset, path), path, "f") for k in g}
-        if "controller_events" in f:
+        if done and "controller_events" in f:
             res.events = _events(f, path)
         if "clients_panel" in f:
             res.panel = read(member(f, "clients_panel", h5py.Dataset, path), path, "iu")
@@ -329,7 +332,7 @@ def load(path: str | Path, lazy: bool = False) -> Results:
         for seg in res.segments:   # decoded as .attrs decodes them (the file keeps JSON text)
             for k in ("devices", "versions"):
                 seg[k] = _json(seg[k], path, f"/segments/{k}") if seg[k] else seg[k]
-        if "final" in f:
+        if done and "final" in f:
             _final(f, path, res)
     return res
 
@@ -359,7 +362,7 @@ def diverged_round(path: Path) -> int | None:
     """The round (from 1) in which the run of ``path`` diverged, or None."""
     with open_results(Path(path)) as f:
         r = _int_attr(root_attrs(f, Path(path)), "diverged_round", Path(path))
-        return None if r is None else int(r)
+        return None if not r else int(r)   # 0: a schema 3 file that did not diverge
 
 
 def metric_rows(path: Path) -> list[dict]:

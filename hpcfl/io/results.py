@@ -2,7 +2,7 @@
 
 The layout is in :mod:`hpcfl.io.schema`, the reader in :mod:`hpcfl.io.reader` (both
 re-exported here, where callers have always found them). The last writes (final model, diverged
-status) are in :mod:`hpcfl.io.results_final`, the HDF5 helpers in :mod:`hpcfl.io.results_h5`.
+status, into objects made with the file) are in :mod:`hpcfl.io.results_final`, the HDF5 helpers in :mod:`hpcfl.io.results_h5`.
 Files the writer creates in the run directory are created exclusively (:mod:`hpcfl.io.safefs`),
 and every write checks the free space it needs first (docs/reliability.md, "A full disk").
 """
@@ -23,11 +23,21 @@ from . import h5check, reader, safefs
 from .h5check import BadFile  # noqa: F401  (callers have found it here)
 from .panel import PanelFilter
 from .reader import Results, diverged_round, load, metric_rows, status  # noqa: F401
-from .results_final import FinalWrites
+from .results_final import LEGACY_COPY, FinalModel, FinalWrites, create_final_records  # noqa: F401
 from .results_h5 import (LOCKING, _append, _client_eval_group, _column, _copy_client_eval, _describe,  # noqa: F401
                          _FULL_FIX, _open, _segments, _with_margin, configure, copy_rows, fill_rows)
 from .schema import (CHUNK, CLIENT_CHOICES, CLIENT_EVAL, CLIENT_FIELDS, F64, I64, METRICS,  # noqa: F401
                      SCHEMA_VERSION, SEGMENT_COLUMNS, SUMMARIES)
+
+
+def _remove_legacy_copy(path: Path) -> None:
+    """Remove the final copy of results.h5 that an hpcfl before schema 3 left when killed in its last
+    write (that hpcfl removed it on its next run); a folder or a link there is not ours: left alone."""
+    try:
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+    except OSError:
+        pass
 
 
 class ResultsWriter(FinalWrites):
@@ -56,13 +66,16 @@ class ResultsWriter(FinalWrites):
     panel : np.ndarray, shape (P,), optional
         With "sampled" (and only then): the panel's client ids (:func:`hpcfl.io.panel.client_panel`),
         stored as ``/clients_panel``; a resume checks that the file holds the same panel.
+    model : FinalModel, optional
+        The final model's layout: ``/final`` is created with the file and :meth:`write_final` fills it
+        (:func:`~hpcfl.io.results_final.create_final_records`); without it the file has no ``/final``.
     """
 
     @h5check.quiet
     def __init__(self, path: Path, attrs: dict, class_counts: np.ndarray, resume_at: int | None = None,
                  metric_fields: dict | None = None, client_fields: dict | None = None, client_eval: bool = False,
                  batch_seconds: float = 0.0, batch_rows: int = 1 << 20, cohort: int = 0, clients: str = "all",
-                 panel: np.ndarray | None = None):
+                 panel: np.ndarray | None = None, model: FinalModel | None = None):
         if clients not in CLIENT_CHOICES:
             raise HpcflError(f"results.clients = {clients!r}: choose one of {', '.join(CLIENT_CHOICES)}")
         if (clients == "sampled") != (panel is not None and len(panel) > 0):
@@ -74,12 +87,12 @@ class ResultsWriter(FinalWrites):
         self.client_eval = client_eval
         self.batch_seconds, self.batch_rows = batch_seconds, batch_rows
         self._pending, self._pending_rows, self._written_at = [], 0, time.monotonic()
-        self._final = self.path.with_name(self.path.name + ".final")   # see _normal_mode
+        self.model = model
         self.moved_from: Path | None = None   # the path before --out was moved mid-run (FinalWrites)
         self.metrics = {**METRICS, **(metric_fields or {})}
         self.client_fields = {**CLIENT_FIELDS, **(client_fields or {})}
         self.file = None
-        safefs.remove_stale(self._final)   # a copy a kill left behind
+        _remove_legacy_copy(self.path.with_name(LEGACY_COPY))
         if resume_at is not None:
             self._reopen(resume_at, attrs)
             return
@@ -91,7 +104,6 @@ class ResultsWriter(FinalWrites):
             self.file = _open(tmp, "w-", libver="latest")   # exclusive; SWMR needs the latest format
             for k, v in attrs.items():
                 self.file.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-            self.file.attrs["status"] = "running"
             self.file.attrs["schema_version"] = SCHEMA_VERSION
             self.file.attrs["clients_recorded"] = clients
             if self.panel is not None:
@@ -105,6 +117,7 @@ class ResultsWriter(FinalWrites):
             _segments(self.file, [], attrs, 1)
             if client_eval:
                 _client_eval_group(self.file, len(class_counts))
+            create_final_records(self.file, model, len(class_counts), self.client_fields, self.metrics)
             self.file.swmr_mode = True   # from here on: appends only, readable by SWMR readers
             self.file.flush()
             os.fsync(self.file.id.get_vfd_handle())
@@ -212,8 +225,9 @@ class ResultsWriter(FinalWrites):
                 continue
             v = attrs[k]
             new.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-        new.attrs["status"] = "running"
         new.attrs["resumed_at_round"] = rounds_done
+        # status "running" (the old file's /final and summaries are not kept: this run writes them at its end)
+        create_final_records(new, self.model, new["partition/class_counts"].shape[0], self.client_fields, self.metrics)
 
     def _same_panel(self, old: h5py.File) -> None:
         """Refuse to resume a "sampled" file whose panel is not this run's: its rows would mix two panels."""

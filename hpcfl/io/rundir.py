@@ -88,9 +88,10 @@ def check_writable(path: Path, what: str, fix: str) -> None:
         raise HpcflError(f"{what} {path} cannot be written ({base}: {reason}); {fix}") from None
 
 
-# The names the results writer (io/results.py) builds results.h5 under and copies it to before the
-# final rename; a stale file or link there is removed when the writer needs the name, a folder cannot be.
-SCRATCH = (".results.h5.new-tmp", ".results.h5.resume-tmp", "results.h5.final")
+# The names the results writer (io/results.py) builds results.h5 under (new, resumed); a stale file or
+# link there is removed when the writer needs the name, a folder cannot be. (The end of a run writes in
+# place since schema 3: no "results.h5.final" copy.)
+SCRATCH = (".results.h5.new-tmp", ".results.h5.resume-tmp")
 
 
 def check_scratch(out: Path) -> None:

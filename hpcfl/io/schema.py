@@ -7,8 +7,9 @@ one row per round or per participating client; the file is flushed after every r
     /                      attrs: schema_version (2), config (JSON), config_sha256, run_id,
                                   versions (JSON: hpcfl, torch, ...), world_size, devices (JSON
                                   list, one per rank) of the latest segment, seed, status
-                                  ("running" | "finished" | "diverged"), resumed_at_round;
-                                  a diverged run also has diverged (true) and diverged_round;
+                                  ("running" | "finished" | "diverged", 8 fixed bytes),
+                                  resumed_at_round, diverged and diverged_round (false and 0
+                                  unless it diverged);
                                   a run with code of its own (model.name = "nets:SmallCNN", ...)
                                   has plugins (JSON: {key: {name, file, sha256}}, the latest
                                   segment's modules: which file ran, and its SHA-256; each
@@ -49,6 +50,8 @@ one row per round or per participating client; the file is flushed after every r
                                             FedGSNR's GSNR, ...), see docs/architecture.md
     /controller_events             (round, old_tau, new_tau, reason) rows of the changes of tau
                                    by GIFT, AdaComm or AFL (written when the run finishes)
+    (/final, /clients_summary and /controller_events are created with the file and filled when
+    the run finishes: read them once status is "finished"; hpcfl.io.results_final)
     /client_eval/round, client, samples  int64   (run.eval_clients: one row per client per evaluated
                                                 round; samples: its held-out test rows, drawn from the
                                                 test set with its label mix, hpcfl.data.client_test)
@@ -160,8 +163,10 @@ CLIENT_EVAL = {
 }
 SUMMARIES = {"median": np.nanmedian, "mean": np.nanmean}
 # 2: rounds 1-based, /segments, /final in the run's dtype with the model's input shape.
+# 3: /final, /clients_summary and /controller_events exist from the start (filled when the run ends: read
+# them once status is "finished"), status is a fixed-size string, diverged and diverged_round always there.
 # Files without the attribute are version 1 (rounds 0-based); the reader converts them.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SEGMENT_COLUMNS = {   # name -> (dtype, unit, description)
     "start_round": (I64, "round", "first round this segment ran (1-based)"),
     "world_size": (I64, "ranks", "MPI ranks of this segment"),

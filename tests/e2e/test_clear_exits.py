@@ -82,11 +82,15 @@ def test_a_folder_at_a_temporary_results_name_exits_2_before_training(tmp_path, 
     assert (out / name / "keep.txt").read_text() == "mine"
 
 
-def test_a_folder_at_the_final_name_stops_a_resume_before_it_trains(tmp_path):
+def test_a_finished_run_resumes_for_more_rounds_and_ends_in_place(tmp_path):
+    """Since schema 3 the end of a run writes into results.h5 in place: no copy, so a folder at the old copy's
+    name (results.h5.final) is no longer in the way and is left alone; the resumed run finishes again."""
     out = tmp_path / "out"
     assert hpcfl("run", job(tmp_path), "--out", str(out)).returncode == 0
-    before = (out / "results.h5").read_bytes()
     (out / "results.h5.final").mkdir()
+    (out / "results.h5.final" / "keep.txt").write_text("mine")
     p = hpcfl("run", job(tmp_path), "--out", str(out), "--set", "run.rounds=4", "--allow-change", "run.rounds")
-    assert p.returncode == 2 and "results.h5.final is a folder" in p.stderr, (p.returncode, p.stderr[-2000:])
-    assert "round 3" not in p.stdout and (out / "results.h5").read_bytes() == before
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    res = load(out)
+    assert res.status == "finished" and res.metrics["round"].tolist() == [1, 2, 3, 4] and res.final_params is not None
+    assert (out / "results.h5.final" / "keep.txt").read_text() == "mine"

@@ -68,7 +68,7 @@ def test_results_schema(finished):
     d, p = finished
     path = d / "out" / "results.h5"
     with h5py.File(path, "r") as f:
-        assert f.attrs["status"] == "finished"
+        assert f.attrs["status"] == b"finished"   # fixed-size bytes (schema 3)
         cfg = json.loads(f.attrs["config"])
         assert cfg["algorithm"]["lr"] == 0.05 and cfg["algorithm"]["local"] == "scaffold"
         assert config.from_dict(cfg).digest() == f.attrs["config_sha256"]
@@ -111,7 +111,7 @@ def test_results_schema(finished):
         assert shapes == [[8, 64], [8], [10, 8], [10]]
         assert f["final/params"].dtype == np.float32 and f["final/params"].shape == (8 * 64 + 8 + 10 * 8 + 10,)
         assert json.loads(f["final"].attrs["input_shape"]) == [1, 8, 8] and f["final"].attrs["num_classes"] == 10
-        assert f.attrs["schema_version"] == 2
+        assert f.attrs["schema_version"] == 3
         assert f["segments/start_round"][()].tolist() == [1] and f["segments/world_size"][()].tolist() == [1]
 
 

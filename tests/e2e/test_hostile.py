@@ -22,7 +22,7 @@ from hpcfl.results import load
 from clirun import ROOT, assert_same_run, digits_job, hpcfl, kill_group, reference_run, start
 
 JOB = digits_job("hostile", 4, 3, '[checkpoint]\nevery = 1\n')
-PARTIAL = (".results.h5.new-tmp", ".results.h5.resume-tmp", "results.h5.final")
+PARTIAL = (".results.h5.new-tmp", ".results.h5.resume-tmp")
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,10 @@ import pytest
 from hpcfl.analysis import plots
 from hpcfl.data.preview import heatmap_png
 from hpcfl.errors import HpcflError
-from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter
+from hpcfl.io.results import FinalModel, CLIENT_FIELDS, METRICS, ResultsWriter
 from hpcfl.results import load
+
+MODEL = FinalModel(["param:w"], [(2,)], "float64")   # /final's layout
 
 NAN = np.nan
 # the min..max bands of groups 0 and 1: C0 (#1f77b4) and C1 (#ff7f0e) at alpha 0.15 over white
@@ -44,7 +46,7 @@ def write_run(out: Path, lr, seed, acc, loss, sim, test_loss=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     config = {"run": {"name": f"lr{lr}_s{seed}", "seed": seed, "rounds": len(acc)},
               "data": {"dataset": "digits", "num_clients": 4}, "algorithm": {"name": "fedavg", "lr": lr}}
-    w = ResultsWriter(out / "results.h5", {"config": config, "run_id": f"{seed:032x}", "seed": seed}, COUNTS)
+    w = ResultsWriter(out / "results.h5", {"config": config, "run_id": f"{seed:032x}", "seed": seed}, COUNTS, model=MODEL)
     for i, r in enumerate(range(1, len(acc) + 1)):
         m = {k: 0 for k in METRICS} | {"round": r, "test_accuracy": acc[i], "train_loss": loss[i],
                                        "sim_time": sim[i], "lr": lr, "global_train_loss": NAN,
@@ -57,7 +59,7 @@ def write_run(out: Path, lr, seed, acc, loss, sim, test_loss=None) -> Path:
         if r == 2:
             c["train_loss"][0] = NAN   # client 1 trained nothing in round 2
         w.append_round(m, c)
-    w.write_final(np.zeros(2), ["param:w"], [(2,)])
+    w.write_final(np.zeros(2))
     w.close()
     return out
 

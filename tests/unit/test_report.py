@@ -17,7 +17,9 @@ from hpcfl import cli
 from hpcfl.analysis import runs
 from hpcfl.analysis.report import report_text
 from hpcfl.errors import HpcflError
-from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter, load
+from hpcfl.io.results import FinalModel, CLIENT_FIELDS, METRICS, ResultsWriter, load
+
+MODEL = FinalModel(["param:w"], [(1,)], "float32")   # /final's layout
 
 NAN = float("nan")
 
@@ -35,14 +37,14 @@ def write_run(directory, cfg, acc, loss=None, sim=None, finished=True):
     """A results file with the given per-round test accuracy, test loss and cumulative sim time."""
     directory.mkdir(parents=True, exist_ok=True)
     w = ResultsWriter(directory / "results.h5", {"config": cfg, "seed": cfg["run"]["seed"], "run_id": "0" * 32},
-                      np.ones((2, 3), dtype=np.int64))
+                      np.ones((2, 3), dtype=np.int64), model=MODEL)
     for r, a in enumerate(acc):
         m = {k: 0.0 for k in METRICS}
         m.update(round=r + 1, test_accuracy=a, test_loss=NAN if loss is None else loss[r],
                  sim_time=0.0 if sim is None else sim[r])
         w.append_round(m, {k: np.zeros(2) for k in CLIENT_FIELDS})
     if finished:
-        w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+        w.write_final(np.zeros(1, dtype=np.float32))
     w.close()
     return directory
 

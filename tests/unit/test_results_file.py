@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from hpcfl.errors import HpcflError
-from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter, load, status
+from hpcfl.io.results import FinalModel, CLIENT_FIELDS, METRICS, ResultsWriter, load, status
 
+MODEL = FinalModel(["param:w"], [(2, 2)], "float32")   # /final's layout
+MODEL2 = FinalModel(["param:w"], [(2, 2)], "float64", (1, 2), 2)
 ATTRS = {"config": {"run": {"rounds": 3}}, "config_sha256": "x", "versions": {"hpcfl": "t"}, "world_size": 1,
          "devices": ["cpu"], "seed": 0}
 
@@ -26,14 +28,14 @@ def row(r, clients=(1, 4)):
 
 
 def test_reader_sees_flushed_rounds_while_the_writer_is_open(tmp_path):
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64), model=MODEL)
     for r in range(1, 4):
         w.append_round(*row(r))
         seen = load(tmp_path)                       # SWMR read of an open file
         assert seen.metrics["round"].tolist() == list(range(1, r + 1))
         assert seen.clients["client"].tolist() == [1, 4] * r
     assert status(tmp_path / "results.h5")[0] == "running"
-    w.write_final(np.arange(4, dtype=np.float32), ["param:w"], [(2, 2)])
+    w.write_final(np.arange(4, dtype=np.float32))
     w.close()
     res = load(tmp_path)
     assert res.attrs["status"] == "finished" and res.state_dict()["w"].tolist() == [[0, 1], [2, 3]]
@@ -57,33 +59,34 @@ KILLED_IN_WRITE_FINAL = """
 import os, signal, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
-from test_results_file import ATTRS, row
+from test_results_file import ATTRS, MODEL, row
 from hpcfl.io.results import ResultsWriter
-w = ResultsWriter({path!r}, ATTRS, np.ones((2, 3), dtype=np.int64))
+w = ResultsWriter({path!r}, ATTRS, np.ones((2, 3), dtype=np.int64), model=MODEL)
 for r in (1, 2):
     w.append_round(*row(r))
-w._commit_normal_mode = lambda: os.kill(os.getpid(), signal.SIGKILL)   # killed in the last write
+flush = w.file.flush
+w.file.flush = lambda: os.kill(os.getpid(), signal.SIGKILL)   # killed in the last write, before its first flush
 w.{call}
 """
 
 
-@pytest.mark.parametrize("call", ["write_final(np.zeros(4, dtype=np.float32), ['param:w'], [(2, 2)])",
-                                  "mark_diverged(3)"])
+@pytest.mark.parametrize("call", ["write_final(np.zeros(4, dtype=np.float32))", "mark_diverged(3)"])
 def test_a_kill_during_the_last_write_leaves_a_file_that_opens_and_resumes(tmp_path, call):
-    """HDF5 cannot open a file killed while open in normal (non-SWMR) mode, and the last writes need that
-    mode (CI once killed a run there: its resume failed with 'file is not already open for SWMR writing').
-    They go to a copy renamed over the file at the end: killed before the rename, the SWMR file stands."""
+    """HDF5 cannot open a file killed while open in normal (non-SWMR) mode (CI once killed a run there: its
+    resume failed with 'file is not already open for SWMR writing'). The last writes stay in SWMR mode, into
+    objects made with the file: killed in them, the file is a killed run's, "running", and resumes.
+    (tests/unit/test_results_end.py kills at every step of the last write.)"""
     path = tmp_path / "results.h5"
     code = KILLED_IN_WRITE_FINAL.format(tests=str(Path(__file__).parent), path=str(path), call=call)
     assert subprocess.run([sys.executable, "-c", code]).returncode == -9
     assert status(path)[0] == "running" and load(tmp_path).metrics["round"].tolist() == [1, 2]
-    w = ResultsWriter(path, ATTRS, None, resume_at=2)      # the resume of such a run
-    assert not (tmp_path / "results.h5.final").exists()      # the killed copy is gone
+    w = ResultsWriter(path, ATTRS, None, resume_at=2, model=MODEL)      # the resume of such a run
     w.append_round(*row(3))
-    w.write_final(np.arange(4, dtype=np.float32), ["param:w"], [(2, 2)])
+    w.write_final(np.arange(4, dtype=np.float32))
     w.close()
     res = load(tmp_path)
     assert res.attrs["status"] == "finished" and res.metrics["round"].tolist() == [1, 2, 3]
+    assert res.final_params.tolist() == [0, 1, 2, 3] and sorted(p.name for p in tmp_path.iterdir()) == ["results.h5"]
 
 
 def test_disk_full_names_the_file_and_the_space(tmp_path, monkeypatch):
@@ -121,13 +124,13 @@ def test_segments_record_each_start_and_drop_undone_ones(tmp_path):
 
 
 def test_every_dataset_has_a_unit_and_a_description_and_the_schema_version(tmp_path):
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64), model=MODEL2)
     w.append_round(*row(1))
-    w.write_final(np.arange(4, dtype=np.float64), ["param:w"], [(2, 2)], input_shape=(1, 2), num_classes=2)
+    w.write_final(np.arange(4, dtype=np.float64))
     w.close()
     seen = []
     with h5py.File(tmp_path / "results.h5", "r") as f:   # plain h5py: a closed file needs no SWMR
-        assert f.attrs["schema_version"] == 2
+        assert f.attrs["schema_version"] == 3
         f.visititems(lambda name, obj: seen.append((name, dict(obj.attrs))) if isinstance(obj, h5py.Dataset) else None)
     assert len(seen) > 20
     assert [n for n, a in seen if not a.get("unit") or not a.get("description")] == []
@@ -137,10 +140,11 @@ def test_final_params_keep_the_run_dtype(tmp_path):
     for dtype in (np.float32, np.float64):
         d = tmp_path / np.dtype(dtype).name
         d.mkdir()
-        w = ResultsWriter(d / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64))
+        model = FinalModel(["param:w"], [(2,)], dtype, (2,), 2)
+        w = ResultsWriter(d / "results.h5", ATTRS, np.ones((2, 3), dtype=np.int64), model=model)
         w.append_round(*row(1))
         x = np.array([1 / 3, 2 / 3], dtype=dtype)
-        w.write_final(x, ["param:w"], [(2,)], input_shape=(2,), num_classes=2)
+        w.write_final(x)
         w.close()
         r = load(d)
         assert r.final_params.dtype == dtype and r.final_params.tobytes() == x.tobytes()
@@ -167,7 +171,7 @@ def test_schema1_files_read_and_resume_with_rounds_from_1(tmp_path):
     w.close()
     r = load(tmp_path)
     assert r.metrics["round"].tolist() == [1, 2, 3, 4] and r.clients["round"].tolist() == [1, 1, 2, 2, 3, 3, 4, 4]
-    assert r.attrs["schema_version"] == 2 and [s["start_round"] for s in r.segments] == [1, 4]
+    assert r.attrs["schema_version"] == 3 and [s["start_round"] for s in r.segments] == [1, 4]
     with h5py.File(path, "r") as f:   # the converted columns describe themselves as today's
         assert f["metrics/round"].attrs["description"] == METRICS["round"].description
         assert f["clients/round"].attrs["description"] == CLIENT_FIELDS["round"].description

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from hpcfl.io import h5check, reader
-from hpcfl.io.results import ResultsWriter, load, status
+from hpcfl.io.results import FinalModel, ResultsWriter, load, status
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_results_file import ATTRS, row  # noqa: E402
 
+MODEL = FinalModel(["param:w"], [(2, 2)], "float32", (2,), 2)   # /final's layout
 SECRET = b"SECRET-BYTES-OF-ANOTHER-FILE"
 
 
@@ -27,10 +28,10 @@ def good(tmp_path) -> Path:
     """A finished results file with three rounds and a final model."""
     path = tmp_path / "good" / "results.h5"
     path.parent.mkdir()
-    w = ResultsWriter(path, ATTRS, np.ones((2, 3), dtype=np.int64))
+    w = ResultsWriter(path, ATTRS, np.ones((2, 3), dtype=np.int64), model=MODEL)
     for r in (1, 2, 3):
         w.append_round(*row(r))
-    w.write_final(np.arange(4, dtype=np.float32), ["param:w"], [(2, 2)], (2,), 2)
+    w.write_final(np.arange(4, dtype=np.float32))
     w.close()
     return path
 

@@ -10,8 +10,10 @@ import pytest
 from hpcfl import cli
 from hpcfl.errors import HpcflError
 from hpcfl.io import results_h5
-from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter, load
+from hpcfl.io.results import FinalModel, CLIENT_FIELDS, METRICS, ResultsWriter, load
 from hpcfl.io.schema import CHUNK
+
+MODEL = FinalModel(["param:w"], [(1,)], "float32")   # /final's layout
 
 ATTRS = {"config": {"run": {"name": "big", "seed": 0, "rounds": 3}, "model": {"name": "mlp"},
                     "algorithm": {"name": "fedavg"}},
@@ -65,11 +67,11 @@ def test_a_100k_cohort_is_written_compressed_resumed_in_slabs_and_read(tmp_path,
 
     monkeypatch.setattr(results_h5, "SLAB", 30_000)   # slabs smaller than a round: several per column
     reads = Reads(monkeypatch)
-    w = ResultsWriter(path, {**ATTRS, "world_size": 2}, None, resume_at=2, cohort=N)
+    w = ResultsWriter(path, {**ATTRS, "world_size": 2}, None, resume_at=2, cohort=N, model=MODEL)
     assert reads.largest == 30_000   # no column read whole: a round at most, here a slab
     again = cohort_round(3, seed=1)   # the resumed round 3 records other values than the lost one
     w.append_round(*again)
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.write_final(np.zeros(1, dtype=np.float32))
     w.close()
     monkeypatch.undo()
 
@@ -119,12 +121,12 @@ def test_an_older_uncompressed_file_resumes_into_the_new_layout(tmp_path):
 
 def none_run(directory, rounds=3):
     directory.mkdir(parents=True, exist_ok=True)
-    w = ResultsWriter(directory / "results.h5", ATTRS, np.ones((N, 2), dtype=np.int64), cohort=N, clients="none")
+    w = ResultsWriter(directory / "results.h5", ATTRS, np.ones((N, 2), dtype=np.int64), cohort=N, clients="none", model=MODEL)
     for r in range(1, rounds + 1):
         m, c = cohort_round(r)
         m["test_accuracy"] = 0.1 * r
         w.append_round(m, c)
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.write_final(np.zeros(1, dtype=np.float32))
     w.close()
     return directory
 

@@ -18,10 +18,13 @@ import hpcfl
 from hpcfl.errors import HpcflError
 from hpcfl.io import h5check, reader
 from hpcfl.io.reader import Results
-from hpcfl.io.results import ResultsWriter, load
+from hpcfl.io.results import FinalModel, ResultsWriter, load
 from hpcfl.state import Field
 from test_results_file import ATTRS, _schema1_file, row
 from test_results_hostile import crafted
+
+MODEL = FinalModel(["param:w", "buffer:b"], [(2, 2), (3,)], "float32", (2,), 2)   # /final's layout
+MODEL2 = FinalModel(["param:w"], [(1,)], "float32")
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +39,10 @@ def run(tmp_path_factory):
 def good(tmp_path) -> Path:
     path = tmp_path / "good" / "results.h5"
     path.parent.mkdir()
-    w = ResultsWriter(path, {**ATTRS, "run_id": "abc"}, np.ones((2, 3), dtype=np.int64))
+    w = ResultsWriter(path, {**ATTRS, "run_id": "abc"}, np.ones((2, 3), dtype=np.int64), model=MODEL)
     for r in (1, 2, 3):
         w.append_round(*row(r))
-    w.write_final(np.arange(7, dtype=np.float32), ["param:w", "buffer:b"], [(2, 2), (3,)], (2,), 2)
+    w.write_final(np.arange(7, dtype=np.float32))
     w.close()
     return path
 
@@ -262,11 +265,11 @@ def test_a_copy_of_the_file_elsewhere_is_read_from_its_own_path(good, tmp_path):
 def test_units_class_counts_and_per_client_summaries_read_back(tmp_path):
     counts = np.arange(15, dtype=np.int64).reshape(5, 3)
     score = {"score": Field(np.float64, "1", "a per-client score", summary="mean")}
-    w = ResultsWriter(tmp_path / "results.h5", ATTRS, counts, client_fields=score)
+    w = ResultsWriter(tmp_path / "results.h5", ATTRS, counts, client_fields=score, model=MODEL2)
     for r in (1, 2):
         m, c = row(r)
         w.append_round(m, {**c, "score": np.array([r, 2.0 * r])})
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.write_final(np.zeros(1, dtype=np.float32))
     w.close()
     res = load(tmp_path)
     assert res.class_counts.tolist() == counts.tolist()
@@ -286,10 +289,10 @@ def test_units_class_counts_and_per_client_summaries_read_back(tmp_path):
 ], ids=["summary_group", "summary_strings", "partition_dataset", "counts_floats"])
 def test_bad_summaries_and_counts_are_refused_naming_the_file(tmp_path, edit, words):
     w = ResultsWriter(tmp_path / "results.h5", ATTRS, np.ones((5, 3), dtype=np.int64),
-                      client_fields={"s": Field(np.float64, "1", "s", summary="median")})
+                      client_fields={"s": Field(np.float64, "1", "s", summary="median")}, model=MODEL2)
     m, c = row(1)
     w.append_round(m, {**c, "s": np.zeros(2)})
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.write_final(np.zeros(1, dtype=np.float32))
     w.close()
     path = crafted(tmp_path / "results.h5", tmp_path, "bad", edit)
     with pytest.raises(h5check.BadFile) as info:

@@ -24,11 +24,14 @@ from test_results_hostile import crafted
 
 from hpcfl.errors import HpcflError
 from hpcfl.io import h5check, reader
-from hpcfl.io.results import ResultsWriter, load
+from hpcfl.io.results import FinalModel, ResultsWriter, load
 
 
-def _writer(path: Path, rounds=(1, 2, 3), attrs=ATTRS) -> ResultsWriter:
-    w = ResultsWriter(path, attrs, np.ones((2, 3), dtype=np.int64))
+MODEL = FinalModel(["param:w", "buffer:b"], [(2, 2), (3,)], "float32", (2,), 2)
+
+
+def _writer(path: Path, rounds=(1, 2, 3), attrs=ATTRS, model=MODEL) -> ResultsWriter:
+    w = ResultsWriter(path, attrs, np.ones((2, 3), dtype=np.int64), model=model)
     for r in rounds:
         w.append_round(*row(r))
     return w
@@ -39,7 +42,7 @@ def good(tmp_path) -> Path:
     path = tmp_path / "good" / "results.h5"
     path.parent.mkdir()
     w = _writer(path)
-    w.write_final(np.arange(7, dtype=np.float32), ["param:w", "buffer:b"], [(2, 2), (3,)], (2,), 2)
+    w.write_final(np.arange(7, dtype=np.float32))
     w.close()
     return path
 
@@ -173,9 +176,10 @@ def plugin(tmp_path):
 def _plugin_run(tmp_path, config, records, names=("param:1.weight", "param:1.bias"), shapes=((3, 4), (3,))):
     path = tmp_path / "out" / "results.h5"
     path.parent.mkdir()
-    w = _writer(path, (1,), {**ATTRS, "config": config, "plugins": records})
+    w = _writer(path, (1,), {**ATTRS, "config": config, "plugins": records},
+                FinalModel(list(names), list(shapes), "float32", (4,), 3))
     size = sum(int(np.prod(s)) for s in shapes)
-    w.write_final(np.arange(size, dtype=np.float32), list(names), list(shapes), (4,), 3)
+    w.write_final(np.arange(size, dtype=np.float32))
     w.close()
     return load(path)
 

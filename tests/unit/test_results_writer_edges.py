@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 
 from hpcfl.io import results_h5
-from hpcfl.io.results import CLIENT_FIELDS, METRICS, ResultsWriter, load
+from hpcfl.io.results import FinalModel, CLIENT_FIELDS, METRICS, ResultsWriter, load
 from hpcfl.io.schema import CHUNK, CLIENT_EVAL
 from hpcfl.state import Field
 from test_results_file import ATTRS, _schema1_file, row
+
+MODEL = FinalModel(["param:w"], [(2,)], "float32")   # /final's layout
 
 COUNTS = np.arange(6, dtype=np.int64).reshape(2, 3)
 
@@ -143,14 +145,15 @@ def test_a_resume_takes_each_of_the_attempts_own_attributes_and_keeps_the_others
 
 def test_a_resume_of_a_finished_file_is_running_again(tmp_path):
     path = tmp_path / "results.h5"
-    w = ResultsWriter(path, ATTRS, COUNTS)
+    w = ResultsWriter(path, ATTRS, COUNTS, model=MODEL)
     for r in (1, 2):
         w.append_round(*row(r))
-    w.write_final(np.zeros(2, dtype=np.float32), ["param:w"], [(2,)])
+    w.write_final(np.zeros(2, dtype=np.float32))
     w.close()
-    ResultsWriter(path, ATTRS, None, resume_at=1).close()
+    ResultsWriter(path, ATTRS, None, resume_at=1, model=MODEL).close()
     with h5py.File(path, "r") as f:
-        assert f.attrs["status"] == "running"
+        assert f.attrs["status"] == b"running" and np.isnan(f["final/params"][()]).all()   # to be written again
+    assert load(path).final_params is None
 
 
 # ---- the rows of a round ---------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_a_folder_at_a_temporary_results_name_is_refused(tmp_path, name):
 
 def test_the_scratch_names_are_the_results_writers():
     src = (ROOT / "hpcfl/io/results.py").read_text()
-    for name in rundir.SCRATCH:   # built there as f".{self.path.name}.new-tmp" and self.path.name + ".final"
+    for name in rundir.SCRATCH:   # built there as f".{self.path.name}.new-tmp"
         suffix = name.replace("results.h5", "")
         assert f'.{{self.path.name}}{suffix[1:]}' in src or f'self.path.name + "{suffix}"' in src, name
 
