@@ -10,7 +10,7 @@ import pytest
 from hpcfl import cli, config, rng
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.io.panel import PanelFilter, client_panel, panel_size
-from hpcfl.io.results import CLIENT_FIELDS, ResultsWriter, load
+from hpcfl.io.results import CLIENT_FIELDS, FinalModel, ResultsWriter, load
 
 from test_results_large import ATTRS, cohort_round
 
@@ -76,11 +76,11 @@ def sampled_run(directory, rounds=3, cohort_of=None):
     """A results file of ``rounds`` rounds of a 2,000-client cohort kept as PANEL's rows; returns the rounds."""
     directory.mkdir(parents=True, exist_ok=True)
     w = ResultsWriter(directory / "results.h5", ATTRS, np.ones((N, 2), dtype=np.int64), cohort=len(PANEL),
-                      clients="sampled", panel=PANEL)
+                      clients="sampled", panel=PANEL, model=FinalModel(["param:w"], [(1,)], np.float32))
     written = [cohort_round(r, n=N) for r in range(1, rounds + 1)]
     for m, c in written:
         w.append_round(m, c)
-    w.write_final(np.zeros(1, dtype=np.float32), ["param:w"], [(1,)])
+    w.write_final(np.zeros(1, dtype=np.float32))
     w.close()
     return written
 
