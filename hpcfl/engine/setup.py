@@ -1,9 +1,9 @@
 """What one rank builds before the first round: :func:`prepare` and the :class:`Setup` it returns.
 
-The data (loaded once per node: :mod:`hpcfl.engine.dataload`), the partition, this rank's block of clients,
-the model, the trainer, the policies, the simulated clock and per-client evaluation: everything
-:func:`hpcfl.engine.simulation.run` reads. Nothing here writes a file or talks to another rank
-beyond the placement's and the data's own collectives.
+The data (loaded once per node: :mod:`hpcfl.engine.dataload`), the partition, this rank's block
+of clients, the model, the trainer, the policies, the simulated clock and per-client evaluation:
+everything :func:`hpcfl.engine.simulation.run` reads. Nothing here writes a file or talks to
+another rank beyond the placement's and the data's own collectives.
 """
 
 from __future__ import annotations

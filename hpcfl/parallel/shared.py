@@ -17,7 +17,8 @@ Every rank of the node must call :meth:`NodeTables.share` for the same tables in
 order: the calls are collective over the node communicator. :func:`hpcfl.engine.setup.share_tables`
 makes them after every rank's set-up succeeded (the run agrees on that first), so no rank waits
 in a window that another will never reach; :func:`hpcfl.engine.setup.release_tables` frees them
-when the run has ended on every rank (a run that fails leaves them to ``MPI_Finalize``).
+when the run has ended on every rank, as do the run's other endings that every rank meets
+together (one of :mod:`hpcfl.errors`); only an unexpected exception leaves them to ``MPI_Finalize``.
 
 :meth:`NodeTables.share_first` does the same for arrays only the node's first rank has: the
 dataset that rank loaded from the user's files (:func:`hpcfl.engine.dataload.load_per_node`); the

@@ -112,7 +112,7 @@ def test_set_up_trains_on_the_window_without_a_copy_and_frees_it(folder, monkeyp
     comm = MPI.COMM_WORLD
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # torch's warning on a read-only array is not shown
-        s = simulation.prepare(config.from_dict(table(folder)), comm)
+        s = simulation.prepare(config.from_dict(table(folder, **{"runtime.device": "cpu"})), comm)   # GPU: copied
     assert s.tables is not None and s.tables.holds(s.dataset.x_train) and s.tables.holds(s.dataset.natural_clients.flat)
     for tensor, array in ((s.trainer.x, s.dataset.x_train), (s.trainer.y, s.dataset.y_train),
                           (s.x_test, s.dataset.x_test), (s.y_test, s.dataset.y_test)):
