@@ -11,7 +11,8 @@ node's first rank reads it into the node's shared windows. Every rank then reads
 inputs, as training and evaluation do over a run. Each rank reports its private memory
 (``Private_Clean + Private_Dirty``, ``/proc/self/smaps_rollup``) and its proportional share
 (``Pss``), after the imports and after set-up, and the largest peak resident memory (``VmHWM``: the
-first rank holds the file's arrays and the windows at once while it fills them). Not a test: the figures depend on the machine.
+first rank holds the file's arrays and the windows at once while it fills them). Not a test: the
+figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -111,8 +112,8 @@ def main() -> None:
                     sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
                 results += json.loads(line[0][len("@@rows "):])
     checks = {r["check"] for r in results}
-    print(f"an .npz of {results[0]['dataset_mb']:.0f} MB (x, y, x_test, y_test), logistic regression, 100 clients; MB per "
-          f"rank (set-up = after set-up minus after imports); every rank read the same bytes: {len(checks) == 1}")
+    print(f"an .npz of {results[0]['dataset_mb']:.0f} MB (x, y, x_test, y_test), logistic regression, 100 clients; "
+          f"MB per rank (set-up = after set-up minus after imports); every rank read the same bytes: {len(checks) == 1}")
     print(f"{'share':6s} {'ranks':>5s} {'private set-up':>15s} {'node private':>13s} {'PSS set-up':>11s} "
           f"{'shared/node':>12s} {'peak RSS':>9s}")
     for share in ("off", "on"):
@@ -123,8 +124,8 @@ def main() -> None:
             setup = [r["after_private_mb"] - r["base_private_mb"] for r in rows]
             pss = max(r["after_pss_mb"] - r["base_pss_mb"] for r in rows)
             peak = max(r["after_peak_mb"] for r in rows)
-            print(f"{share:6s} {ranks:5d} {max(setup):15.0f} {sum(setup):13.0f} {pss:11.0f} {rows[0]['shared_mb']:12.0f}"
-                  f" {peak:9.0f}")
+            print(f"{share:6s} {ranks:5d} {max(setup):15.0f} {sum(setup):13.0f} {pss:11.0f} "
+                  f"{rows[0]['shared_mb']:12.0f} {peak:9.0f}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ class Plan:
     clients: int
     clients_per_rank: int
     params: int
-    dataset_cached: bool | None          # True: mapped from the cache; False, None (a plug-in's): once per node, windows
+    dataset_cached: bool | None          # True: mapped from the cache; False, None (plug-in): in the node's windows
     cache_hit: bool | None = None        # the cache held the dataset before this plan (else the plan made it)
     terms: dict = field(default_factory=dict)        # per-rank memory terms
     rank_bytes: int = 0
