@@ -43,8 +43,10 @@ def _mb(n: float) -> str:
 
 def text(plan) -> str:
     """The plan as a readable table."""
-    where = {True: "read from the cache: mapped, one copy per node", False: "loaded by every rank",
-             None: "a plug-in's: loaded by every rank"}[plan.dataset_cached]
+    where = ("read from the cache: mapped, one copy per node" if plan.dataset_cached else
+             ("a plug-in's: " if plan.dataset_cached is None else "") + (
+                 "loaded by each node's first rank, its arrays of 1 MiB or more in shared windows"
+                 if plan.ranks_per_node > 1 else "loaded by every rank"))
     lines = [(f"{plan.ranks} rank(s) on {plan.nodes} node(s), {plan.ranks_per_node} per node; {plan.clients} "
               f"clients, up to {plan.clients_per_rank} per rank; {plan.params:,} parameters"), "",
              "memory per rank (resident):"]
@@ -55,6 +57,9 @@ def text(plan) -> str:
         now = "the cache held it" if plan.cache_hit else "it was not in the cache: this plan generated it"
         lines.append(f"  on a cache miss (the first run): {_mb(plan.node_bytes_miss)} (at its peak: the generating "
                      f"rank holds its arrays until it has written and mapped the entry); {now}")
+    elif plan.node_bytes_miss > plan.node_bytes:
+        lines.append(f"  at start-up: {_mb(plan.node_bytes_miss)} (at its peak: the first rank holds the arrays it "
+                     f"loaded until it has copied them into the windows)")
     bound = "at most " if plan.results_compressed else ""
     lines += ["", (f"results.h5: {bound}{plan.results_round_bytes / 1e3:,.1f} KB per round, {bound}"
                    f"{_mb(plan.results_total_bytes)} in all (HDF5 chunks of 1024 rows included)"),

@@ -29,6 +29,10 @@ they are returned sorted, as int64, as every built-in partition's are.
 
 What a plug-in returns is refused with a message naming it (``data.dataset = 'mydata:load'``): a
 DataError for the arrays of a dataset, a ConfigError for a partition's output.
+
+A run calls the dataset's function, and :func:`load` checks what it returns, once per node, on the
+node's first rank (:mod:`hpcfl.engine.dataload`); the node's other ranks read those checked arrays
+from shared memory, or raise the same refusal.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from .. import config, signals
 from ..errors import EXIT_INPUT, CallbackError, GuardStopped, HpcflError, RunError, RunStopped, WriteError
 from ..io import rundir
 from ..parallel.runtime import NondeterministicOp, versions
+from ..parallel.shared import NodeTables
 from . import planning, resume, simulation
 from .control import RunControl, fault_notice, write_failed
 from .setup import release_tables, share_tables
@@ -61,6 +62,7 @@ class JobRun:
         self.job, self.comm, self.out_arg, self.overrides, self.force = job, comm, out, list(overrides), force
         self.events = Callbacks(callbacks, comm.rank == 0)
         self.cfg = self.setup = self.planned = self.store = self.aside = self.writer = self.control = None
+        self.tables = None   # the node's shared windows (hpcfl.parallel.shared.NodeTables), from set-up to the end
         self.out: Path | None = None
         self.mode, self.start, self.done, self.broken, self.run_id = "fresh", 0, 0, False, ""
         self.started = self.ended = False   # whether the Start and End events were sent
@@ -75,14 +77,19 @@ class JobRun:
             if self.mode in ("done", "diverged"):
                 if self.comm.rank == 0 and self.mode == "done":
                     print(f"hpcfl: {self.out} is already finished ({self.start} rounds); nothing to do", flush=True)
-                return self.results(f"already {'finished' if self.mode == 'done' else 'diverged'}")
+                try:
+                    return self.results(f"already {'finished' if self.mode == 'done' else 'diverged'}")
+                finally:
+                    self._release()
             self.open()
             return self.loop()
+        except HpcflError:   # raised on every rank together: the node's windows go (another run may follow)
+            self._release()
+            raise
         except BaseException as exc:   # not one of hpcfl's endings (a bug, an interrupt): close what is open
-            if not isinstance(exc, HpcflError):
-                self._close_results()
-                if self.started and not self.ended:
-                    self.events.end("failed", self.done, self.out, f"{type(exc).__name__}: {exc}")
+            self._close_results()        # (the windows are left to MPI_Finalize: the other ranks may be elsewhere)
+            if self.started and not self.ended:
+                self.events.end("failed", self.done, self.out, f"{type(exc).__name__}: {exc}")
             raise
         finally:
             if self.control is not None:
@@ -114,8 +121,10 @@ class JobRun:
         # (placement, the per-node data) would otherwise wait for a rank 0 that waits here.
         planning.agree(comm, err, "the end of planning")
         self._stopped()
+        # the node's shared windows: the dataset's (loaded once per node) now, the client tables' below
+        self.tables = NodeTables(comm)
         try:
-            self.setup = simulation.prepare(self.cfg, comm)
+            self.setup = simulation.prepare(self.cfg, comm, self.tables)
             if comm.rank == 0 and self.planned.mode == "resume":   # a checkpoint that does not fit: an older one
                 planning.settle(self.cfg, self.setup, self.planned)
         except HpcflError as exc:
@@ -350,12 +359,21 @@ class JobRun:
             self.events.end("diverged", self.done, self.out, str(diverged))
             if comm.rank == 0:
                 print(f"hpcfl: {diverged}", file=sys.stderr, flush=True)
-            outcome = self.results("diverged")
         else:
             self.events.end("finished", self.done, self.out)
-            outcome = self.results("finished")
-        release_tables(s)   # every rank is here (results() was collective): the node's windows go
-        return outcome
+        try:
+            return self.results("diverged" if diverged is not None else "finished")
+        finally:
+            self._release()   # every rank is here (results() is collective, and raises on every rank)
+
+    def _release(self) -> None:
+        """Collective over the node: free the run's shared windows (the dataset's and the client
+        tables'). Called where every rank ends the run together; nothing may read them afterwards."""
+        if self.setup is not None:
+            release_tables(self.setup)
+        if self.tables is not None:
+            self.tables.free()   # set-up failed on some rank: no Setup holds them
+            self.tables = None
 
     def results(self, outcome: str):
         """Every rank: the run's Results (rank 0 reads results.h5, its per-client tables when first

@@ -6,7 +6,7 @@ policies constructed for one client, and from those the figures are computed:
 
 * per-rank resident memory, ``M_rank = M_0 + D + T_N + n_r * sum_t(w_t) * b + k * P * b``
   (docs/performance.md, "Memory you can plan"), and per node (``ceil(R / nodes)`` ranks, the
-  dataset counted once per node where it comes from the cache);
+  dataset counted once per node: mapped from the cache, or its big arrays in the node's windows);
 * ``results.h5``: bytes each round writes (a ``/metrics`` row, a ``/clients`` row per cohort
   member, ``/client_eval`` rows for every client on evaluated rounds) and the file in all,
   rounded up to HDF5's chunks of :data:`hpcfl.io.schema.CHUNK` rows as the file grows;
@@ -54,12 +54,12 @@ class Plan:
     clients: int
     clients_per_rank: int
     params: int
-    dataset_cached: bool | None          # True: mapped and shared per node; None: a plug-in's (per rank)
+    dataset_cached: bool | None          # True: mapped from the cache; False, None (plug-in): in the node's windows
     cache_hit: bool | None = None        # the cache held the dataset before this plan (else the plan made it)
     terms: dict = field(default_factory=dict)        # per-rank memory terms
     rank_bytes: int = 0
     node_bytes: int = 0
-    node_bytes_miss: int = 0             # the node's peak on a cache miss (the generating rank's arrays)
+    node_bytes_miss: int = 0             # the node's peak at start-up (a cache miss, or the windows being filled)
     results_round_bytes: int = 0         # logical bytes of an average round
     results_total_bytes: int = 0         # the file after run.rounds, chunks included
     checkpoint_bytes: int = 0
@@ -270,8 +270,12 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     if cached:   # pages mapped from the cache: one copy per node; the converted copy stays per rank
         node = per_node * (rank - dataset - shared) + dataset + shared
         miss = node + dataset   # while the generating rank holds its arrays, before it maps the entry it wrote
+    elif per_node > 1:   # the node's first rank loads it, its arrays of MIN_BYTES or more into the node's windows
+        held = sum(a.nbytes for a in (ds.x_train, ds.y_train, ds.x_test, ds.y_test) if a.nbytes >= MIN_BYTES)
+        node = per_node * (rank - held - shared) + held + shared
+        miss = node + held   # while that rank fills the windows from the arrays it loaded
     else:
-        node = miss = per_node * (rank - shared) + shared
+        node = miss = rank
     metric_bytes = sum(np.dtype(f.dtype).itemsize for f in {**METRICS, **algo.round_fields}.values())
     client_bytes = sum(np.dtype(f.dtype).itemsize for f in {**CLIENT_FIELDS, **algo.client_fields}.values())
     eval_bytes = sum(np.dtype(f.dtype).itemsize for f in CLIENT_EVAL.values())

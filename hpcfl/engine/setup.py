@@ -1,9 +1,9 @@
 """What one rank builds before the first round: :func:`prepare` and the :class:`Setup` it returns.
 
-The data (generated once per node on a cache miss), the partition, this rank's block of clients,
-the model, the trainer, the policies, the simulated clock and per-client evaluation: everything
-:func:`hpcfl.engine.simulation.run` reads. Nothing here writes a file or talks to another rank
-beyond the placement's and the data's own collectives.
+The data (loaded once per node: :mod:`hpcfl.engine.dataload`), the partition, this rank's block
+of clients, the model, the trainer, the policies, the simulated clock and per-client evaluation:
+everything :func:`hpcfl.engine.simulation.run` reads. Nothing here writes a file or talks to
+another rank beyond the placement's and the data's own collectives.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Setup:
     home: np.ndarray = None     # ids of this rank's own clients, ascending (found once: a round never scans all N)
     notes: tuple = ()           # what the run should say once at its start (hpcfl.engine.job)
     lanes: object = None        # hpcfl.client.lanes.Lanes when clients train side by side on CPU threads
-    tables: object = None       # hpcfl.parallel.shared.NodeTables holding the read-only tables (share_tables)
+    tables: object = None       # hpcfl.parallel.shared.NodeTables: the dataset's windows (if any), the read-only tables
 
 
 def share_tables(s: Setup, comm) -> None:
@@ -72,7 +72,7 @@ def share_tables(s: Setup, comm) -> None:
     from ..data.partition import Groups
     from ..parallel.shared import NodeTables
 
-    tables = NodeTables(comm)
+    tables = s.tables if s.tables is not None else NodeTables(comm)   # prepare's holds the dataset's windows
     if not tables.on:
         tables.free()
         trim_heap()
@@ -84,14 +84,21 @@ def share_tables(s: Setup, comm) -> None:
     s.class_counts = tables.share(s.class_counts)
     if s.device.type == "cpu":   # on a GPU the index lives in device memory, one copy per GPU
         index = tables.share(s.client_index.numpy())
-        with warnings.catch_warnings():   # read-only numpy views: nothing writes through the tensor either
-            warnings.simplefilter("ignore", UserWarning)
-            s.client_index = torch.from_numpy(index)
+        s.client_index = tensor(index)
         s.parts = Groups(index, s.sizes, s.client_offset[1:])
     if s.client_eval is not None:
         ce = s.client_eval
         ce.sizes, ce.sample, ce.client = tables.share(ce.sizes), tables.share(ce.sample), tables.share(ce.client)
     trim_heap()
+
+
+def tensor(array: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy(array)``, the same memory, also for a read-only view of a shared window,
+    which torch takes with a warning (it cannot mark a tensor read-only): nothing writes through
+    these tensors (the trainers gather batches into buffers of their own)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        return torch.from_numpy(array)
 
 
 def trim_heap() -> None:
@@ -119,6 +126,7 @@ def release_tables(s: Setup) -> None:
     s.tables.free()
     s.tables = None
     s.client_offset = s.sizes = s.owner = s.class_counts = s.client_index = s.parts = None
+    s.dataset = s.x_test = s.y_test = None   # perhaps views of the windows (prepare's load_per_node)
     if s.client_eval is not None:
         s.client_eval.sizes = s.client_eval.sample = s.client_eval.client = None
 
@@ -143,10 +151,18 @@ def split_clients(cfg, ds) -> tuple:
     return parts, sizes, index
 
 
-def prepare(cfg, comm) -> Setup:
-    """Load data, partition, place clients, build the model and the policies on this rank."""
+def prepare(cfg, comm, tables=None) -> Setup:
+    """Load data, partition, place clients, build the model and the policies on this rank.
+
+    ``tables`` (:class:`hpcfl.parallel.shared.NodeTables` over ``comm``) receives the windows of a
+    dataset loaded once per node (:func:`hpcfl.engine.dataload.load_per_node`); the caller frees
+    it when set-up fails on some rank (the run does: :class:`hpcfl.engine.job.JobRun`). Without
+    it, one is made here. Either way ``Setup.tables`` holds it where the node has several ranks,
+    and :func:`release_tables` frees it.
+    """
     from .. import data, models
     from ..models import pool
+    from ..parallel.shared import NodeTables
 
     configure_determinism(cfg.runtime.deterministic)   # before CUDA is first touched
     FaultInjector(comm.rank).check("setup", 0)   # a test hook: one rank refusing while the others place
@@ -154,7 +170,10 @@ def prepare(cfg, comm) -> Setup:
     device, local_size = placement.device, placement.local_size
     dtype = torch.float64 if cfg.runtime.dtype == "float64" else torch.float32
 
-    ds = load_per_node(cfg, comm)   # generated once per node on a cache miss
+    tables = NodeTables(comm) if tables is None else tables
+    ds = load_per_node(cfg, comm, tables)   # once per node: mapped from the cache, or in the node's windows
+    if not tables.on:
+        tables.free()   # one rank on this node: nothing to share
     parts, sizes, index = split_clients(cfg, ds)
     if cfg.algorithm.batch_size > len(ds.y_train):   # batch buffers are B samples long
         raise ConfigError(f"algorithm.batch_size = {cfg.algorithm.batch_size} exceeds the whole training set "
@@ -174,8 +193,9 @@ def prepare(cfg, comm) -> Setup:
     threads = pick_threads(cfg.runtime.threads, local_size, model.num_params)   # by the model's size
     torch.set_num_threads(threads)
     pool.load_for(module, device)   # the compiled pooling's load belongs to start-up, not to round 1
-    x_train = torch.from_numpy(ds.x_train).to(device=device, dtype=dtype)
-    y_train = torch.from_numpy(ds.y_train).to(device=device)
+    # on the CPU in the model's dtype these are the arrays' own memory (no copy), shared where the node shares them
+    x_train = tensor(ds.x_train).to(device=device, dtype=dtype)
+    y_train = tensor(ds.y_train).to(device=device)
     augment = None
     if ds.augment:
         from ..data.augment import augment_batch
@@ -205,9 +225,10 @@ def prepare(cfg, comm) -> Setup:
         client_eval, notes = _client_eval(cfg, ds, counts)
     return Setup(cfg, comm, device, ds, parts, sizes, owner, slot,
                  torch.from_numpy(index).to(device), offsets, model, trainer, algo,
-                 torch.from_numpy(ds.x_test).to(device=device, dtype=dtype),
-                 torch.from_numpy(ds.y_test).to(device=device), threads, counts, system, block,
-                 placement=placement, client_eval=client_eval, home=mine, notes=tuple(notes), lanes=lanes)
+                 tensor(ds.x_test).to(device=device, dtype=dtype),
+                 tensor(ds.y_test).to(device=device), threads, counts, system, block,
+                 placement=placement, client_eval=client_eval, home=mine, notes=tuple(notes), lanes=lanes,
+                 tables=tables if tables.on else None)
 
 
 def _client_eval(cfg, ds, counts):

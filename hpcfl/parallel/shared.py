@@ -17,7 +17,12 @@ Every rank of the node must call :meth:`NodeTables.share` for the same tables in
 order: the calls are collective over the node communicator. :func:`hpcfl.engine.setup.share_tables`
 makes them after every rank's set-up succeeded (the run agrees on that first), so no rank waits
 in a window that another will never reach; :func:`hpcfl.engine.setup.release_tables` frees them
-when the run has ended on every rank (a run that fails leaves them to ``MPI_Finalize``).
+when the run has ended on every rank, as do the run's other endings that every rank meets
+together (one of :mod:`hpcfl.errors`); only an unexpected exception leaves them to ``MPI_Finalize``.
+
+:meth:`NodeTables.share_first` does the same for arrays only the node's first rank has: the
+dataset that rank loaded from the user's files (:func:`hpcfl.engine.dataload.load_per_node`); the
+other ranks learn the shapes from it and map the windows it filled.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ import numpy as np
 from .mpi import mpi_module
 
 MIN_BYTES = 1 << 20   # tables under 1 MiB stay private
+
+
+def _windowed(table: np.ndarray) -> bool:
+    """Whether :meth:`NodeTables.share_first` puts ``table`` in a window (big enough, plain numbers)."""
+    return table.nbytes >= MIN_BYTES and not table.dtype.hasobject
 
 
 class NodeTables:
@@ -58,17 +68,63 @@ class NodeTables:
         table = np.ascontiguousarray(table)
         if not self.on or table.nbytes < MIN_BYTES:
             return table
+        return self._window(table.shape, table.dtype, table)
+
+    def share_first(self, tables: list | None) -> list:
+        """The node's first rank's ``tables`` on every rank of the node, which pass None.
+
+        For arrays that only the first rank has (it loaded them; the others did not): each of
+        at least :data:`MIN_BYTES` becomes a read-only view of a shared window, filled by the
+        first rank, which drops its own copy when the caller does; each smaller one is sent
+        over the node communicator (a private, writable copy on every rank). Collective over
+        the node's ranks; without several ranks on the node (``on`` false), ``tables`` itself.
+
+        Parameters
+        ----------
+        tables : list of numpy arrays on the node's first rank, None on the others
+
+        Returns
+        -------
+        list of numpy arrays, the same length, shapes, dtypes and bytes on every rank
+        """
+        if not self.on:
+            return list(tables)
         leader = self.node.rank == 0
-        win = mpi_module().Win.Allocate_shared(table.nbytes if leader else 0, table.itemsize, comm=self.node)
+        if leader:
+            tables = [np.ascontiguousarray(t) for t in tables]
+        # what each rank needs to map or hold the tables: (shape, dtype) of a shared one, a small one itself
+        plan = self.node.bcast([(t.shape, t.dtype) if _windowed(t) else t for t in tables] if leader else None,
+                               root=0)
+        return [self._window(p[0], p[1], tables[i] if leader else None) if isinstance(p, tuple)
+                else (tables[i] if leader else p) for i, p in enumerate(plan)]
+
+    def _window(self, shape: tuple, dtype, fill) -> np.ndarray:
+        """A read-only view of a new window of ``shape`` and ``dtype``, filled from ``fill`` by the
+        node's first rank (collective over the node)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        leader = self.node.rank == 0
+        win = mpi_module().Win.Allocate_shared(nbytes if leader else 0, dtype.itemsize, comm=self.node)
         self.windows.append(win)
         buf, _ = win.Shared_query(0)
-        view = np.ndarray(table.shape, dtype=table.dtype, buffer=buf)
+        view = np.ndarray(shape, dtype=dtype, buffer=buf)
         if leader:
-            view[...] = table
+            view[...] = fill
         self.node.Barrier()   # filled before anyone reads it
         view.flags.writeable = False
-        self.shared_bytes += table.nbytes
+        self.shared_bytes += nbytes
         return view
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether ``array`` (or the array it views) lies in one of these windows."""
+        start = array.__array_interface__["data"][0]
+        for win in self.windows:
+            buf, _ = win.Shared_query(0)
+            base = np.frombuffer(buf, dtype=np.uint8)
+            lo = base.__array_interface__["data"][0]
+            if lo <= start < lo + base.nbytes:
+                return True
+        return False
 
     def free(self) -> None:
         """Release the windows and the node communicator (collective over the node). Views handed

@@ -66,7 +66,11 @@ def test_node_memory_counts_the_shared_tables_once(monkeypatch):
     p = plan.estimate(tiny(**{"data.cache": "off"}), ranks=4, nodes=2, base=0)
     shared = 560 + (3 * 56 + 8) + 168 + (56 + 1120)        # index, sizes/owner/offsets, counts, eval pairs
     assert p.terms["  of which shared per node"] == shared
-    assert p.node_bytes == 2 * (p.rank_bytes - shared) + shared
+    # the dataset the cache does not serve: its arrays (all of them, at MIN_BYTES 0) in the node's windows,
+    # and, while the first rank fills them, its own copy as well (hpcfl.engine.dataload)
+    d = p.terms["dataset"]
+    assert d == 70 * 4 * 4 + 70 * 8 + 60 * 4 * 4 + 60 * 8
+    assert p.node_bytes == 2 * (p.rank_bytes - d - shared) + d + shared and p.node_bytes_miss == p.node_bytes + d
     alone = plan.estimate(tiny(**{"data.cache": "off"}), ranks=2, nodes=2, base=0)   # one rank a node
     assert alone.terms["  of which shared per node"] == 0 and alone.node_bytes == alone.rank_bytes
 
