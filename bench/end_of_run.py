@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import shutil
 import time
 from pathlib import Path

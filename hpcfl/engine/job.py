@@ -334,7 +334,7 @@ class JobRun:
     def finish(self, x, diverged: simulation.Diverged | None = None):
         """After the last round (or a diverged one): rank 0 writes the final model, or marks the run
         diverged, and closes results.h5; the End event; the Results on every rank."""
-        comm, s = self.comm, self.setup
+        comm = self.comm
         if diverged is None:
             self.control.phase("final", self.cfg.run.rounds - 1)   # rank 0 fills /final: start-up allowance
         err = None

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import hashlib
-import json
 import os
 import shutil
 import weakref
@@ -35,8 +33,7 @@ import h5py
 import numpy as np
 
 from hpcfl.errors import HpcflError
-from hpcfl.io import ckptshards, h5check, safefs
-from hpcfl.io.ckptblocks import Streamed, hash_bytes, hash_dataset, header
+from hpcfl.io import ckptshards, safefs
 from hpcfl.io.ckptfile import (_ALLOWED_KINDS, _CALLER_KEYS, _FINAL_RE, _STORE_KEYS, _TEMP_GLOB,  # noqa: F401
                                FORMAT_VERSION, SHARDED_VERSION, Loaded, _check_inputs, _hash_update, _Invalid, _open_h5,
                                _to_json, configure_locking, open_loaded, payload_sha256, read_open, write_file)
@@ -245,7 +242,7 @@ class CheckpointStore:
         manifests = {r: (ckptshards.listed_shards(self._at(self.path_for(r))) if self.path_for(r).name in names
                          else ()) for r in rounds}
         gone = []
-        for name in ckptshards.debris(self.directory, names, manifests):
+        for name in ckptshards.debris(names, manifests):
             if self._owned is None or name in self._owned:   # never a file put here since the run began
                 self._at(self.directory / name).unlink(missing_ok=True)
                 gone.append(self.directory / name)

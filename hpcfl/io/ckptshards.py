@@ -177,7 +177,7 @@ def verify(folder: Path, manifest: dict, round: int, shapes: dict) -> list[Shard
     return shards
 
 
-def debris(folder: Path, names: list[str], manifests: dict) -> list[str]:
+def debris(names: list[str], manifests: dict) -> list[str]:
     """The shard files among ``names`` that no manifest there names: their save was interrupted before
     its manifest, or its manifest was rotated away or replaced. ``manifests`` maps a round to the
     names its manifest lists (None when it could not be read: its shards are kept for inspection)."""

@@ -18,7 +18,6 @@ import h5py
 import numpy as np
 
 from ..errors import HpcflError
-from ..state import Field
 from . import h5check, reader, safefs
 from .h5check import BadFile  # noqa: F401  (callers have found it here)
 from .panel import PanelFilter

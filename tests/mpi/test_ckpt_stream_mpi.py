@@ -119,7 +119,7 @@ def test_a_failed_save_still_takes_every_rows_message(where, monkeypatch):
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             ckptblocks.hash_bytes(h, rows)
 
-        monkeypatch.setattr("hpcfl.io.checkpoint.hash_bytes", failing)
+        monkeypatch.setattr("hpcfl.io.ckptfile.hash_bytes", failing)   # write_file hashes there
     try:
         err = resume.write(s, s.model.numpy(), store, 1, {}, MANIFEST, before=before)
         untaken = _untaken_rows(comm)

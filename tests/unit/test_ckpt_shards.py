@@ -130,7 +130,7 @@ def test_debris_is_every_shard_no_manifest_names_except_a_damaged_manifests():
     names = ["ckpt-00000004.h5", "ckpt-00000004.aaaaaaaa.shard-00000.h5", "ckpt-00000004.bbbbbbbb.shard-00000.h5",
              "ckpt-00000006.cccccccc.shard-00001.h5", "ckpt-00000008.dddddddd.shard-00000.h5", "notes.txt"]
     manifests = {4: ["ckpt-00000004.aaaaaaaa.shard-00000.h5"], 6: (), 8: None}   # 8's manifest unreadable
-    assert ckptshards.debris(None, names, manifests) == ["ckpt-00000004.bbbbbbbb.shard-00000.h5",
+    assert ckptshards.debris(names, manifests) == ["ckpt-00000004.bbbbbbbb.shard-00000.h5",
                                                          "ckpt-00000006.cccccccc.shard-00001.h5"]
 
 
