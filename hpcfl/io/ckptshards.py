@@ -123,6 +123,7 @@ def _same_as_written(path: Path, arrays: dict, digest: str) -> None:
                 if got.size != want.size or not all(np.array_equal(got[o:o + COMPARE], want[o:o + COMPARE])
                                                     for o in range(0, got.size, COMPARE)):
                     raise _Invalid(f"/arrays/{name} rows {r0}..{r1 - 1} read back differ from those written")
+                del got, want   # before the next block is read: one block in memory, not two
 
 
 def verify(folder: Path, manifest: dict, round: int, shapes: dict) -> list[Shard]:
