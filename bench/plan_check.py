@@ -7,7 +7,7 @@ Run from the repository root::
 For each job, ``hpcfl plan --json`` at each rank count, then the job for 2 rounds under
 ``mpiexec -n R`` (each rank's peak RSS from ``getrusage(RUSAGE_CHILDREN)`` of a wrapper, as in
 bench/w_compare.py), and on 1 rank for 2 and 4 rounds: results.h5 per round is the difference
-over 2 rounds. The checkpoint is the newest ``checkpoints/*`` file of the 2-round run. Prints a
+over 2 rounds. The checkpoint is the 2-round run's newest (its file, or its manifest and shards). Prints a
 markdown table (plan / measured, and whether within 25 %). Not a test: figures depend on the
 machine and on the dataset cache (run once before, so every run reads the cache).
 """
@@ -52,10 +52,11 @@ def run(job: Path, extra: list[str], ranks: int, rounds: int, out: Path) -> dict
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     peaks = [int(p.read_text()) * 1024 for p in Path(out).parent.glob(Path(prefix).name + ".rank*")]
-    ckpts = sorted((Path(out) / "checkpoints").glob("*"), key=lambda p: p.stat().st_mtime)
-    files = [f for f in ckpts if f.is_file()] or [f for c in ckpts for f in c.rglob("*") if f.is_file()]
+    # the newest checkpoint: its file, or its manifest and every rank's shard (ckpt-<round>.*)
+    ckpts = sorted((Path(out) / "checkpoints").glob("ckpt-*.h5"))
+    newest = ckpts[-1].name.split(".")[0] if ckpts else None
     return {"peak": max(peaks), "results": (Path(out) / "results.h5").stat().st_size,
-            "ckpt": files[-1].stat().st_size if files else 0}
+            "ckpt": sum(f.stat().st_size for f in ckpts if f.name.split(".")[0] == newest)}
 
 
 def plan(job: Path, extra: list[str], ranks: int, rounds: int) -> dict:
