@@ -314,6 +314,8 @@ class CheckpointStore:
                 loaded = self._read_open(f, path, keep_arrays)
             if shards and "shards" in loaded.manifest:   # every shard present, intact and the manifest's
                 loaded.shards = ckptshards.verify(path.parent, loaded.manifest, loaded.round, loaded.shapes)
+                if keep_arrays:   # the whole checkpoint in memory, as from one file
+                    loaded.arrays.update(ckptshards.whole_tables(loaded.shards, loaded.shapes))
             return loaded
         except (_Invalid, MemoryError):
             raise  # a file too big for this node's memory is not a damaged file

@@ -178,6 +178,22 @@ def verify(folder: Path, manifest: dict, round: int, shapes: dict) -> list[Shard
     return shards
 
 
+def whole_tables(shards: list[Shard], shapes: dict) -> dict:
+    """Every ``clients.<name>`` table of a verified sharded checkpoint, whole, in client-id order
+    (``load_latest(keep_arrays=True)``: tests and small states; a resume reads by blocks instead)."""
+    rows = ShardRows([(str(sh.path), sh.sha256, sh.nbytes, sh.rows) for sh in shards])
+    try:
+        out = {}
+        for name, (shape, dtype) in shapes.items():
+            if name.startswith("clients."):
+                out[name] = np.empty(shape, dtype=dtype)
+                for c0, c1, k, first in rows.pieces(0, shape[0]):
+                    out[name][c0:c1] = rows.block(k, name, first, first + c1 - c0)
+        return out
+    finally:
+        rows.close()
+
+
 def debris(names: list[str], manifests: dict) -> list[str]:
     """The shard files among ``names`` that no manifest there names: their save was interrupted before
     its manifest, or its manifest was rotated away or replaced. ``manifests`` maps a round to the

@@ -98,6 +98,15 @@ class ResultsWriter(FinalWrites):
         # Built under a temporary name and renamed into place once flushed: a results.h5 is
         # always a whole hpcfl file, so one that does not read as such is never the run's own.
         tmp = self.path.with_name(f".{self.path.name}.new-tmp")
+        # HDF5 meeting a full disk while it creates the file can crash the process when the file is
+        # closed after it: check first. What the new file holds at once: headers (the columns' chunks
+        # come with the rounds, each checked then), the class counts and the final records made with
+        # it (the model, N summary values a field).
+        counts = np.asarray(class_counts).size * 8
+        final = 0 if model is None else model.length * np.dtype(model.dtype).itemsize + 64 * len(model.names)
+        summaries = 8 * len(class_counts) * sum(f.summary is not None for f in self.client_fields.values())
+        safefs.need_space(self.path, _with_margin((128 << 10) + counts + final + summaries), "the new results file",
+                          "Free space (or quota) there, or choose another --out on a filesystem with room")
         try:
             safefs.remove_stale(tmp)
             self.file = _open(tmp, "w-", libver="latest")   # exclusive; SWMR needs the latest format

@@ -195,22 +195,32 @@ def assert_no_partial_files(out: Path):
     assert not left, left
 
 
-@pytest.mark.parametrize("where", ["round", "final"])
-def test_a_full_disk_exits_74_with_one_message_and_the_rerun_finishes_bitwise(tmp_path, finished, where):
+def test_a_full_disk_exits_74_with_one_message_and_the_rerun_finishes_bitwise(tmp_path, finished):
     """A full disk gave HDF5 tracebacks or a segfault (139) and left partial copies behind."""
-    size = (finished / "out" / "results.h5").stat().st_size
-    limit = 100_000 if where == "round" else size - 2048   # round 1 cannot be appended / the final copy fails
     out = tmp_path / "out"
-    p = run_limited(limit, "run", job(tmp_path), "--out", str(out))
+    p = run_limited(100_000, "run", job(tmp_path), "--out", str(out))   # round 1 cannot be appended
     assert p.returncode == 74, (p.returncode, p.stderr[-2000:])
     assert "is full" in p.stderr and "resume from the last checkpoint" in p.stderr
     # the rounds are written in batches (results.flush_seconds): the first batch, from round 1, fails
-    assert re.search(r"rounds? 1\b" if where == "round" else "the final results", p.stderr), p.stderr
+    assert re.search(r"rounds? 1\b", p.stderr), p.stderr
     assert "Traceback" not in p.stderr and p.stderr.count("hpcfl: ") == 1, p.stderr
     assert_no_partial_files(out)
     q = hpcfl("run", job(tmp_path), "--out", str(out))
     assert q.returncode == 0, q.stderr
-    assert ("resuming from ckpt-00000003.h5" in q.stdout) == (where == "final")
+    assert "resuming from ckpt" not in q.stdout
+    assert_same_run(finished / "out", out)
+
+
+def test_the_end_of_a_run_needs_no_room_beyond_the_file(tmp_path, finished):
+    """The final records are created with the file and filled in place (docs/results.md, "At the
+    end"): a run whose files cannot grow past the finished results.h5's size still ends, bitwise,
+    where the end used to need a whole second copy."""
+    size = (finished / "out" / "results.h5").stat().st_size
+    out = tmp_path / "out"
+    p = run_limited(size, "run", job(tmp_path), "--out", str(out))
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert (out / "results.h5").stat().st_size <= size
+    assert_no_partial_files(out)
     assert_same_run(finished / "out", out)
 
 
@@ -222,28 +232,27 @@ def _tmpfs(path: Path, size: str) -> bool:
 
 def test_a_small_full_filesystem(tmp_path, finished):
     """The same on a real filesystem that fills up (a 4 MB tmpfs; needs root and mount rights: skipped
-    elsewhere): the space the final copy needs is checked first and stated, nothing partial is left."""
+    elsewhere): with room for the run's files and 200 kB, not for a second copy of results.h5 (what
+    the end of a run took before it wrote in place), the run ends and nothing partial is left; full
+    to the last 64 kB, the next run is refused up front with the space it needs."""
     mnt = tmp_path / "mnt"
     if not _tmpfs(mnt, "4m"):
         pytest.skip("cannot mount a tmpfs here (not root, or no mount rights in this container)")
     try:
-        size = (finished / "out" / "results.h5").stat().st_size
+        size = sum(f.stat().st_size for f in (finished / "out").rglob("*") if f.is_file())
         filler = mnt / "filler"
-        with open(filler, "wb") as f:   # leave room for the run but not for the final copy of results.h5
+        with open(filler, "wb") as f:   # room for the run's files, not for a copy of results.h5
             f.write(b"\0" * (shutil.disk_usage(mnt).free - size - 200_000))
         out = mnt / "out"
         p = hpcfl("run", job(tmp_path), "--out", str(out))
-        assert p.returncode == 74, p.stderr
-        assert "cannot write the final results" in p.stderr and "bytes are free there" in p.stderr
-        assert "copies results.h5 once" in p.stderr and "Traceback" not in p.stderr
-        assert_no_partial_files(out)
-        assert load(out).metrics["round"].tolist() == [1, 2, 3]          # every round still there
-        p = hpcfl("run", job(tmp_path), "--out", str(out))               # still full: refused up front
-        assert p.returncode == 74 and "is full" in p.stderr
-        filler.unlink()
-        p = hpcfl("run", job(tmp_path), "--out", str(out))
         assert p.returncode == 0, p.stderr
+        assert_no_partial_files(out)
         assert_same_run(finished / "out", out)
+        with open(mnt / "filler2", "wb") as f:   # now full
+            f.write(b"\0" * max(0, shutil.disk_usage(mnt).free - (32 << 10)))
+        p = hpcfl("run", job(tmp_path), "--out", str(mnt / "second"))
+        assert p.returncode == 74 and "cannot write the new results file" in p.stderr, p.stderr   # not a crash
+        assert "checked before writing" in p.stderr and "Traceback" not in p.stderr
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
 

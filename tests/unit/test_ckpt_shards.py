@@ -59,6 +59,10 @@ def test_a_sharded_checkpoint_loads_with_whole_table_shapes_and_every_row_reads_
             assert out.tobytes() == TABLE[lo:hi].tobytes(), (lo, hi)
     finally:
         rows.close()
+    whole = store.load_latest().arrays   # kept in memory: the tables put together, as from one file
+    assert sorted(whole) == ["clients.c", "clients.n", "model"]
+    assert whole["clients.c"].tobytes() == TABLE.tobytes()
+    assert whole["clients.n"][:, 0].tolist() == [0, 1, 100, 200, 201, 202, 101, 102, 2, 203]
 
 
 def test_pieces_name_the_shard_and_its_row_for_each_run_of_clients(tmp_path):
