@@ -63,7 +63,9 @@ def text(plan) -> str:
     bound = "at most " if plan.results_compressed else ""
     lines += ["", (f"results.h5: {bound}{plan.results_round_bytes / 1e3:,.1f} KB per round, {bound}"
                    f"{_mb(plan.results_total_bytes)} in all (HDF5 chunks of 1024 rows included)"),
-              f"checkpoint: {_mb(plan.checkpoint_bytes)}, save ~{plan.save_s:.1f} s at {plan.save_rate}"]
+              f"checkpoint: {_mb(plan.checkpoint_bytes)}, save ~{plan.save_s:.1f} s at {plan.save_rate}" + (
+                  f"; every rank writes its own clients' rows at once, the largest share {_mb(plan.save_share)} "
+                  f"(checkpoint.shards)" if 0 < plan.save_share < plan.checkpoint_bytes else "")]
     if plan.results_compressed:
         lines.insert(-1, "  (per-client rows of 1,024 or more a round are stored gzip-compressed, by how much depends "
                          "on their values: 10-13 % for a 100k-client cohort, docs/results.md, 'Large cohorts')")

@@ -67,6 +67,7 @@ class Plan:
     save_rate: str = ""
     warnings: list = field(default_factory=list)
     results_compressed: bool = False     # per-client rows gzip-compressed: the results figures are upper bounds
+    save_share: int = 0                  # bytes the slowest rank writes in a save (less than all with shards)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -291,6 +292,7 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
                 total, ckpt, save_bytes(cfg, ranks, ckpt, n * row_bytes, per_rank * row_bytes) / 1e9 * rate,
                 f"{rate:.2f} s/GB " + ("measured" if save_s_per_gb is not None else "(the development machine's)"))
     plan.results_compressed = compressed
+    plan.save_share = save_bytes(cfg, ranks, ckpt, n * row_bytes, per_rank * row_bytes)   # the slowest rank's
     plan.warnings = warnings(plan, cfg, node_bytes or node_memory(), signal_margin)
     return plan
 

@@ -145,3 +145,4 @@ def test_a_sharded_checkpoint_is_timed_by_the_largest_ranks_rows():
     assert one.checkpoint_bytes == two.checkpoint_bytes == off.checkpoint_bytes
     assert one.save_s == off.save_s == one.checkpoint_bytes / 1e9 * plan.SAVE_S_PER_GB
     assert two.save_s == (two.checkpoint_bytes - rows + own) / 1e9 * plan.SAVE_S_PER_GB
+    assert (one.save_share, two.save_share) == (one.checkpoint_bytes, two.checkpoint_bytes - rows + own)
