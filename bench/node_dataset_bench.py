@@ -19,22 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from node_tables_bench import launch, smaps   # the same measurement and launch as the client tables'
+
 FEATURES = 1000
-
-
-def smaps() -> dict:
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:])
-    kib = {k: int(v.split()[0]) for k, v in fields.items()}
-    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    return {"private_mb": (kib["Private_Clean"] + kib["Private_Dirty"]) / 1024, "pss_mb": kib["Pss"] / 1024,
-            "rss_mb": kib["Rss"] / 1024, "peak_mb": int(status["VmHWM"].split()[0]) / 1024}
 
 
 def write(path: Path, mb: int) -> None:
@@ -102,15 +92,7 @@ def main() -> None:
         write(file, a.mb)
         for share in (("off", "on") if a.share == "both" else (a.share,)):
             for ranks in a.ranks:
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--share", share, "--file", str(file)]
-                if ranks > 1:
-                    cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "mpi4py"] + cmd[1:]
-                out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
-                line = [x for x in out.stdout.splitlines() if x.startswith("@@rows ")]
-                if out.returncode or not line:
-                    sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-                results += json.loads(line[0][len("@@rows "):])
+                results += launch(__file__, ranks, ["--share", share, "--file", str(file)])
     checks = {r["check"] for r in results}
     print(f"an .npz of {results[0]['dataset_mb']:.0f} MB (x, y, x_test, y_test), logistic regression, 100 clients; "
           f"MB per rank (set-up = after set-up minus after imports); every rank read the same bytes: {len(checks) == 1}")

@@ -29,10 +29,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def smaps() -> dict:
+    """This process's private, proportional and resident memory now, and its peak resident memory, MB."""
     fields = dict(line.split(":", 1) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:])
     kib = {k: int(v.split()[0]) for k, v in fields.items()}
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     return {"private_mb": (kib["Private_Clean"] + kib["Private_Dirty"]) / 1024, "pss_mb": kib["Pss"] / 1024,
-            "rss_mb": kib["Rss"] / 1024}
+            "rss_mb": kib["Rss"] / 1024, "peak_mb": int(status["VmHWM"].split()[0]) / 1024}
+
+
+def launch(script: str, ranks: int, argv: list) -> list:
+    """Run ``script --worker ARGV`` on ``ranks`` ranks (mpiexec from 2) and return the rows its rank 0
+    printed (a ``@@rows`` JSON line); exit with its output if it failed."""
+    cmd = [sys.executable, str(Path(script).resolve()), "--worker", *argv]
+    if ranks > 1:
+        cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "mpi4py"] + cmd[1:]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    line = [x for x in out.stdout.splitlines() if x.startswith("@@rows ")]
+    if out.returncode or not line:
+        sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return json.loads(line[0][len("@@rows "):])
 
 
 def worker(a) -> None:
@@ -92,16 +108,8 @@ def main() -> None:
         for ranks in a.ranks:
             with tempfile.TemporaryDirectory(prefix="hpcfl-tables-") as cache:
                 for label in ("miss", "hit"):
-                    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--clients", str(a.clients),
-                           "--share", share, "--cache", cache, "--label", label]
-                    if ranks > 1:
-                        cmd = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "mpi4py"] + cmd[1:]
-                    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                                         env=dict(os.environ, OMP_NUM_THREADS="1"))
-                    line = [x for x in out.stdout.splitlines() if x.startswith("@@rows ")]
-                    if out.returncode or not line:
-                        sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-                    results += json.loads(line[0][len("@@rows "):])
+                    results += launch(__file__, ranks, ["--clients", str(a.clients), "--share", share, "--cache",
+                                                         cache, "--label", label])
     print(f"{a.clients:,} clients, logistic regression, per-client evaluation on; MB per rank "
           f"(set-up = after set-up minus after imports; max over ranks)")
     print(f"{'share':6s} {'ranks':>5s} {'cache':6s} {'private set-up':>15s} {'private total':>14s} {'PSS set-up':>11s}"
