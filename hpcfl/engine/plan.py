@@ -281,18 +281,20 @@ def estimate(cfg, ranks: int, nodes: int = 1, node_bytes: int | None = None, sig
     client_bytes = sum(np.dtype(f.dtype).itemsize for f in {**CLIENT_FIELDS, **algo.client_fields}.values())
     eval_bytes = sum(np.dtype(f.dtype).itemsize for f in CLIENT_EVAL.values())
     cohort = min(cfg.algorithm.clients_per_round, n) if cfg.algorithm.clients_per_round else n
-    per_round, total = results_bytes(metric_bytes, client_bytes, eval_bytes, recorded_rows(cfg, cohort, n), n,
+    recorded = recorded_rows(cfg, cohort, n)
+    per_round, total = results_bytes(metric_bytes, client_bytes, eval_bytes, recorded, n,
                                      cfg.run.rounds, eval_rounds, counts.nbytes, CHUNK, model.length * b)
     rate = save_s_per_gb if save_s_per_gb is not None else SAVE_S_PER_GB
     # a cohort (or, evaluated, a client count) of COMPRESS_FROM rows or more is stored compressed (io/schema.py):
     # how small depends on the values, so the figures above are then upper bounds
     from ..io.schema import COMPRESS_FROM
-    compressed = recorded_rows(cfg, cohort, n) >= COMPRESS_FROM or (eval_rounds > 0 and n >= COMPRESS_FROM)
+    compressed = recorded >= COMPRESS_FROM or (eval_rounds > 0 and n >= COMPRESS_FROM)
+    share = save_bytes(cfg, ranks, ckpt, n * row_bytes, per_rank * row_bytes)   # what the slowest rank writes
     plan = Plan(ranks, nodes, per_node, n, per_rank, model.num_params, cached, hit, terms, rank, node, miss, per_round,
-                total, ckpt, save_bytes(cfg, ranks, ckpt, n * row_bytes, per_rank * row_bytes) / 1e9 * rate,
+                total, ckpt, share / 1e9 * rate,
                 f"{rate:.2f} s/GB " + ("measured" if save_s_per_gb is not None else "(the development machine's)"))
     plan.results_compressed = compressed
-    plan.save_share = save_bytes(cfg, ranks, ckpt, n * row_bytes, per_rank * row_bytes)   # the slowest rank's
+    plan.save_share = share
     plan.warnings = warnings(plan, cfg, node_bytes or node_memory(), signal_margin)
     return plan
 

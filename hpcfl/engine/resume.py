@@ -25,7 +25,7 @@ from ..io.ckptblocks import MESSAGE_BYTES, DictArrays, Streamed, row_blocks
 from ..state import ClientTable, ServerArray
 from . import shards as sharded
 from .simulation import accumulator  # noqa: F401  (tests patch it here)
-from .staterows import _dtype, _home_row, _put, _segments, _tables, state_items  # noqa: F401
+from .staterows import _dtype, _home_row, _put, _segments, _tables, server_arrays, state_items  # noqa: F401
 
 
 TAG = 0x4843   # the tag of the rows' messages (nothing else is in flight during a checkpoint)
@@ -98,10 +98,7 @@ def _send_tables(s) -> None:
 
 def _rank0_arrays(s, x) -> dict:
     """Rank 0: the checkpoint's arrays, the client tables as :class:`Streamed`."""
-    arrays = {"model": np.asarray(x)}
-    for it in state_items(s):
-        if isinstance(it, ServerArray) and it.get() is not None:
-            arrays[f"server.{it.name}"] = np.asarray(it.get())
+    arrays = server_arrays(s, x)
     for t in _tables(s):
         arrays[f"clients.{t.name}"] = _table_stream(s, t.get())
     return arrays

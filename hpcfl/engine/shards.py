@@ -20,7 +20,7 @@ from ..io import ckptshards
 from ..io.checkpoint import open_loaded
 from ..io.ckptblocks import Streamed, row_blocks
 from ..state import ServerArray
-from .staterows import _dtype, _home_row, _put, _segments, _tables, state_items
+from .staterows import _dtype, _home_row, _put, _segments, _tables, server_arrays, state_items
 
 
 def own_runs(s) -> np.ndarray:
@@ -57,8 +57,7 @@ def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict, befor
         try:
             if before is not None:
                 before()
-            if store._held is not None:
-                store._held.verify()   # the folder was swapped: stop before any rank writes a byte
+            store.check_folder()   # the folder was swapped: stop before any rank writes a byte
             start = (ckptshards.new_token(), str(store.directory))
         except HpcflError as exc:
             failure = exc
@@ -79,21 +78,13 @@ def write(s, x: np.ndarray, store, round: int, meta: dict, manifest: dict, befor
             if bad:
                 raise HpcflError(f"the checkpoint of round {round} was not written: {'; '.join(bad)}. Older "
                                  f"checkpoints were left untouched")
-            store.save(round, _manifest_arrays(s, x), meta=meta,
+            store.save(round, server_arrays(s, x), meta=meta,
                        manifest={**manifest, "shards": entries, "shard_token": token, "shard_clients": len(s.owner)})
         except HpcflError as exc:
             failure = exc
     if not comm.bcast(failure is None, root=0) and "name" in mine:
         (folder / mine["name"]).unlink(missing_ok=True)   # a save that failed leaves no shard behind
     return failure
-
-
-def _manifest_arrays(s, x) -> dict:
-    arrays = {"model": np.asarray(x)}
-    for it in state_items(s):
-        if isinstance(it, ServerArray) and it.get() is not None:
-            arrays[f"server.{it.name}"] = np.asarray(it.get())
-    return arrays
 
 
 def read(s, loaded) -> np.ndarray:
@@ -105,8 +96,7 @@ def read(s, loaded) -> np.ndarray:
         try:
             server = {it.name: source.array(f"server.{it.name}") for it in state_items(s)
                       if isinstance(it, ServerArray) and source.spec(f"server.{it.name}") is not None}
-            payload = (source.array("model"), server,
-                       [(str(sh.path), sh.sha256, sh.nbytes, sh.rows) for sh in loaded.shards])
+            payload = (source.array("model"), server, loaded.shards)
         finally:
             source.close()
     x, server, shards = comm.bcast(payload, root=0)

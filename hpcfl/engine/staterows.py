@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..state import ClientTable
+from ..state import ClientTable, ServerArray
 from .simulation import accumulator
 
 
 def state_items(s) -> list:
     """The policies' state and the engine's own (the exact sum's grid)."""
     return s.algo.state() + list(getattr(accumulator(s), "state", list)())
+
+
+def server_arrays(s, x) -> dict:
+    """The checkpoint's arrays apart from the client tables: ``model`` (x) and ``server.<name>`` of each
+    server array that holds a value."""
+    arrays = {"model": np.asarray(x)}
+    for it in state_items(s):
+        if isinstance(it, ServerArray) and it.get() is not None:
+            arrays[f"server.{it.name}"] = np.asarray(it.get())
+    return arrays
 
 
 def _segments(owner: np.ndarray) -> list[tuple[int, int, int]]:

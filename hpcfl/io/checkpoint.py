@@ -36,7 +36,7 @@ from hpcfl.errors import HpcflError
 from hpcfl.io import ckptshards, safefs
 from hpcfl.io.ckptfile import (_ALLOWED_KINDS, _CALLER_KEYS, _FINAL_RE, _STORE_KEYS, _TEMP_GLOB,  # noqa: F401
                                FORMAT_VERSION, SHARDED_VERSION, Loaded, _check_inputs, _hash_update, _Invalid, _open_h5,
-                               _to_json, configure_locking, open_loaded, payload_sha256, read_open, write_file)
+                               _to_json, configure_locking, open_loaded, payload_sha256, read_open, room_for, write_file)
 from hpcfl.io.heldir import HeldDir
 
 
@@ -79,12 +79,23 @@ class CheckpointStore:
         """``path`` (in this folder) as the held folder's, wherever it now is."""
         return self._held.at(path.name) if self._held is not None else path
 
+    def _names(self) -> list[str]:
+        """The names in this folder (the held one's, wherever it now is)."""
+        return self._held.names() if self._held is not None else [p.name for p in self.directory.iterdir()]
+
+    def check_folder(self) -> None:
+        """Raise :class:`hpcfl.io.heldir.DirectoryMoved` when the folder at the path is no longer the held
+        one (swapped since the last save): called before anything is written, by this store or by
+        every rank's shard (:func:`hpcfl.engine.shards.write`)."""
+        if self._held is not None:
+            self._held.verify()
+
     def path_for(self, round: int) -> Path:
         return self.directory / f"ckpt-{int(round):08d}.h5"
 
     def list(self):
         """``[(round, path)]`` of all ``ckpt-*.h5`` files, newest first, not verified."""
-        names = self._held.names() if self._held is not None else [p.name for p in self.directory.iterdir()]
+        names = self._names()
         found = [(int(m.group(1)), self.directory / n) for n in names if (m := _FINAL_RE.match(n))]
         return sorted(found, key=lambda rp: rp[0], reverse=True)
 
@@ -148,15 +159,13 @@ class CheckpointStore:
             "meta": _to_json(dict(meta or {})),
             **{k: _to_json(v) for k, v in manifest.items()},
         }
-        if self._held is not None:
-            self._held.verify()   # swapped since the last save: stop before touching either folder
+        self.check_folder()   # swapped since the last save: stop before touching either folder
         shards = [e["name"] for e in manifest.get("shards", ())]
         self._shards_here(shards)
         final = self.path_for(round)
         tmp = self.directory / f".ckpt-{round:08d}.h5.tmp-{os.getpid()}"
         nbytes = sum(a.nbytes for a in arrays.values())
-        free = safefs.free_bytes(self.directory)
-        if free is not None and free < nbytes + (64 << 10):   # HDF5 meeting a full disk can crash at exit: check first
+        if not room_for(self.directory, nbytes):   # HDF5 meeting a full disk can crash at exit: check first
             raise HpcflError(self._write_error(round, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), nbytes))
         try:
             digest = self._write(self._at(tmp), arrays, attrs)
@@ -237,7 +246,7 @@ class CheckpointStore:
 
     def _sweep_shards(self) -> list:
         """Delete this run's shard files that no manifest names (see :func:`ckptshards.debris`)."""
-        names = self._held.names() if self._held is not None else [p.name for p in self.directory.iterdir()]
+        names = self._names()
         rounds = {int(m.group(1)) for n in names if (m := ckptshards.SHARD_RE.match(n))}
         manifests = {r: (ckptshards.listed_shards(self._at(self.path_for(r))) if self.path_for(r).name in names
                          else ()) for r in rounds}
@@ -253,7 +262,7 @@ class CheckpointStore:
         of them makes it be verified again."""
         st = self._at(path).stat()
         prefix = path.name[:-len(".h5")] + "."
-        names = self._held.names() if self._held is not None else [p.name for p in self.directory.iterdir()]
+        names = self._names()
         more = []
         for n in sorted(n for n in names if n.startswith(prefix) and ckptshards.SHARD_RE.match(n)):
             try:

@@ -183,6 +183,14 @@ def open_loaded(loaded: Loaded) -> FileArrays:
 
 
 @h5check.quiet
+def room_for(folder: Path, nbytes: int) -> bool:
+    """Whether ``folder``'s filesystem has room for a checkpoint file of ``nbytes`` of arrays and HDF5's
+    metadata (True where the free space cannot be read). Checked before writing: HDF5 meeting a full
+    disk can crash the process when the file is closed."""
+    free = safefs.free_bytes(folder)
+    return free is None or free >= nbytes + (64 << 10)
+
+
 def write_file(tmp: Path, arrays: dict, attrs: dict) -> str:
     """Write, flush and fsync the checkpoint-format file ``tmp`` (created exclusively): ``attrs`` as its root
     attributes, ``arrays`` (np.ndarray or :class:`Streamed`) under /arrays. Returns the payload_sha256 of

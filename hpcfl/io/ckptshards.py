@@ -43,7 +43,7 @@ import numpy as np
 from hpcfl.errors import HpcflError
 from hpcfl.io import safefs
 from hpcfl.io.ckptblocks import Streamed
-from hpcfl.io.ckptfile import SHARDED_VERSION, _Invalid, _open_h5, _to_json, read_open, write_file
+from hpcfl.io.ckptfile import SHARDED_VERSION, _Invalid, _open_h5, _to_json, read_open, room_for, write_file
 
 COMPARE = 1 << 20   # bytes compared at a time when a shard is read back
 SHARD_RE = re.compile(r"^ckpt-(\d{8,})\.([0-9a-f]{8})\.shard-(\d{5,})\.h5$")
@@ -86,9 +86,8 @@ def write(folder: Path, round: int, token: str, rank: int, arrays: dict, manifes
              "config_sha256": str(manifest["config_sha256"]), "versions": _to_json(manifest["versions"]),
              "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "payload_sha256": "", "meta": "{}", "shard": _to_json(int(rank)), "shard_token": _to_json(token)}
-    free = safefs.free_bytes(folder)
     try:
-        if free is not None and free < nbytes + (64 << 10):   # as a whole checkpoint's save: check first
+        if not room_for(folder, nbytes):   # as a whole checkpoint's save: check first
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         digest = write_file(tmp, arrays, attrs)
         os.replace(tmp, final)
@@ -163,10 +162,11 @@ def verify(folder: Path, manifest: dict, round: int, shapes: dict) -> list[Shard
             raise _Invalid(f"shard {e['name']} has no valid /arrays/rows (k, 2) of client runs")
         mine = {k: v for k, v in got.shapes.items() if k.startswith("clients.")}
         held = int((rows[:, 1] - rows[:, 0]).sum())
-        bad = [k for k, (shape, _) in mine.items() if len(shape) != 2 or shape[0] != held]
-        if bad or (tables is not None and {k: (v[0][1:], v[1]) for k, v in mine.items()} != tables):
+        widths = {k: (shape[1:], dtype) for k, (shape, dtype) in mine.items()}   # what every shard must share
+        if any(len(shape) != 2 or shape[0] != held for shape, _ in mine.values()) or \
+                (tables is not None and widths != tables):
             raise _Invalid(f"shard {e['name']}'s tables do not match its client runs or the other shards'")
-        tables = {k: (v[0][1:], v[1]) for k, v in mine.items()}
+        tables = widths
         shards.append(Shard(path, e["sha256"], int(e["bytes"]), rows.astype(np.int64)))
     runs = np.concatenate([sh.rows for sh in shards]).reshape(-1, 2)
     runs = runs[np.argsort(runs[:, 0], kind="stable")]
@@ -181,7 +181,7 @@ def verify(folder: Path, manifest: dict, round: int, shapes: dict) -> list[Shard
 def whole_tables(shards: list[Shard], shapes: dict) -> dict:
     """Every ``clients.<name>`` table of a verified sharded checkpoint, whole, in client-id order
     (``load_latest(keep_arrays=True)``: tests and small states; a resume reads by blocks instead)."""
-    rows = ShardRows([(str(sh.path), sh.sha256, sh.nbytes, sh.rows) for sh in shards])
+    rows = ShardRows(shards)
     try:
         out = {}
         for name, (shape, dtype) in shapes.items():
@@ -227,16 +227,17 @@ class ShardRows:
 
     Parameters
     ----------
-    shards : list of (path str, sha256 str, bytes int, rows (k, 2) int64)
+    shards : list of :class:`Shard`
         What rank 0 verified, sent to every rank. A rank opens a shard only when it needs rows from
         it, and only if its size and stored checksum are still the verified ones.
     """
 
-    def __init__(self, shards: list):
+    def __init__(self, shards: list[Shard]):
         self.shards = shards
-        runs = [(int(lo), int(hi), i, int(off)) for i, (_, _, _, rows) in enumerate(shards)
-                for (lo, hi), off in zip(rows, np.concatenate([[0], np.cumsum(rows[:, 1] - rows[:, 0])[:-1]])
-                                         if len(rows) else [])]
+        runs = []
+        for i, sh in enumerate(shards):   # (lo, hi, shard, its first row): a shard's runs follow each other
+            first = np.concatenate([[0], np.cumsum(sh.rows[:, 1] - sh.rows[:, 0])[:-1]])
+            runs += [(int(lo), int(hi), i, int(off)) for (lo, hi), off in zip(sh.rows, first)]
         self.runs = sorted(runs)
         self.starts = np.array([r[0] for r in self.runs], dtype=np.int64)
         self.files = {}
@@ -255,12 +256,12 @@ class ShardRows:
 
     def _file(self, shard: int):
         if shard not in self.files:
-            path, sha, nbytes, _ = self.shards[shard]
+            path, sh = self.shards[shard].path, self.shards[shard]
             try:
-                if os.stat(path).st_size != nbytes:
+                if os.stat(path).st_size != sh.nbytes:
                     raise OSError("its size changed since it was verified")
-                f = _open_h5(Path(path), "r")
-                if f.attrs.get("payload_sha256") != sha:
+                f = _open_h5(path, "r")
+                if f.attrs.get("payload_sha256") != sh.sha256:
                     f.close()
                     raise OSError("it was replaced since it was verified")
             except OSError as e:

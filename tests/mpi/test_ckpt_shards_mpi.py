@@ -62,7 +62,7 @@ def test_every_rank_writes_its_rows_and_another_placement_reads_them_back(folder
     loaded = store.load_latest(keep_arrays=False) if comm.rank == 0 else None
     if comm.rank == 0:
         assert len(loaded.shards) == comm.size and resume.problems(s, loaded.shapes.get) is None
-        rows = ckptshards.ShardRows([(str(sh.path), sh.sha256, sh.nbytes, sh.rows) for sh in loaded.shards])
+        rows = ckptshards.ShardRows(loaded.shards)
         for name, whole in ref.items():   # the shards put together: the 1-rank run's tables, bitwise
             if name.startswith("clients."):
                 got = np.concatenate([rows.block(k, name, f, f + c1 - c0) for c0, c1, k, f in rows.pieces(0, 11)])

@@ -3,6 +3,7 @@ checked, a manifest that names them, every way a shard set can be wrong, reading
 across shards, and which shard files count as an interrupted save's debris."""
 
 import json
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -51,7 +52,7 @@ def test_a_sharded_checkpoint_loads_with_whole_table_shapes_and_every_row_reads_
     assert got.round == 4 and got.manifest["format_version"] == 2 and len(got.shards) == 3
     assert got.shapes["clients.c"] == ((N, WIDTH), np.dtype(np.float32))
     assert got.shapes["clients.n"] == ((N, 1), np.dtype(np.int64))
-    rows = ckptshards.ShardRows([(str(sh.path), sh.sha256, sh.nbytes, sh.rows) for sh in got.shards])
+    rows = ckptshards.ShardRows(got.shards)
     try:
         for lo, hi in [(0, 10), (1, 7), (5, 6), (7, 10)]:
             out = np.concatenate([rows.block(sh, "clients.c", f, f + c1 - c0)
@@ -67,7 +68,7 @@ def test_a_sharded_checkpoint_loads_with_whole_table_shapes_and_every_row_reads_
 
 def test_pieces_name_the_shard_and_its_row_for_each_run_of_clients(tmp_path):
     # shard 0 holds 0,1,8 (rows 0,1,2); shard 1 holds 2,6,7 (rows 0,1,2); shard 2 holds 3,4,5,9 (rows 0..3)
-    rows = ckptshards.ShardRows([("a", "", 0, runs_of(0)), ("b", "", 0, runs_of(1)), ("c", "", 0, runs_of(2))])
+    rows = ckptshards.ShardRows([ckptshards.Shard(Path(n), "", 0, runs_of(r)) for r, n in enumerate("abc")])
     assert list(rows.pieces(1, 9)) == [(1, 2, 0, 1), (2, 3, 1, 0), (3, 6, 2, 0), (6, 8, 1, 1), (8, 9, 0, 2)]
     assert list(rows.pieces(4, 5)) == [(4, 5, 2, 1)]
 
