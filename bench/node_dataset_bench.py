@@ -18,11 +18,10 @@ figures depend on the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-from node_tables_bench import launch, smaps   # the same measurement and launch as the client tables'
+from node_tables_bench import launch, measure   # the same measurement and launch as the client tables'
 
 FEATURES = 1000
 
@@ -37,19 +36,14 @@ def write(path: Path, mb: int) -> None:
 
 
 def worker(a) -> None:
-    from mpi4py import MPI
-
     import numpy as np
 
-    from hpcfl import config, data
+    from hpcfl import data
     from hpcfl.engine import setup as setup_module
-    from hpcfl.engine import simulation
-    from hpcfl.engine.setup import release_tables, share_tables
 
     if a.share == "off":   # the code before: every rank reads the user's file itself
         setup_module.load_per_node = lambda cfg, comm, tables=None: data.load_dataset(
             cfg.data.dataset, cfg.dataset_options, cfg.data.root, cfg.run.seed, cfg.data.cache)
-    comm = MPI.COMM_WORLD
     table = {
         "run": {"name": "files", "seed": 0, "rounds": 1, "eval_every": 0},
         "data": {"dataset": "npz", "partition": "iid", "num_clients": 100, "npz": {"file": a.file}},
@@ -57,23 +51,14 @@ def worker(a) -> None:
         "algorithm": {"name": "fedavg", "clients_per_round": 10, "lr": 0.05, "local_steps": 1},
         "runtime": {"threads": 1, "progress": "none", "vectorize": "off"},
     }
-    cfg = config.from_dict(table)
-    comm.Barrier()
-    base = smaps()
-    s = simulation.prepare(cfg, comm)
-    share_tables(s, comm)
-    ds = s.dataset
-    check = float(np.asarray(ds.x_train).sum(dtype=np.float64) + np.asarray(ds.x_test).sum(dtype=np.float64))
-    comm.Barrier()
-    after = smaps()
-    row = {"rank": comm.rank, "ranks": comm.size, "share": a.share, "check": check,
-           "dataset_mb": sum(getattr(ds, k).nbytes for k in ("x_train", "y_train", "x_test", "y_test")) / 2**20,
-           "shared_mb": (s.tables.shared_bytes / 2**20) if s.tables is not None else 0.0,
-           **{f"base_{k}": v for k, v in base.items()}, **{f"after_{k}": v for k, v in after.items()}}
-    rows = comm.gather(row, root=0)
-    release_tables(s)
-    if comm.rank == 0:
-        print("@@rows " + json.dumps(rows), flush=True)
+
+    def touch(s):
+        ds = s.dataset
+        check = float(np.asarray(ds.x_train).sum(dtype=np.float64) + np.asarray(ds.x_test).sum(dtype=np.float64))
+        held = sum(getattr(ds, k).nbytes for k in ("x_train", "y_train", "x_test", "y_test"))
+        return {"check": check, "dataset_mb": held / 2**20}
+
+    measure(table, touch, share=a.share)
 
 
 def main() -> None:

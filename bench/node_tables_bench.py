@@ -51,19 +51,41 @@ def launch(script: str, ranks: int, argv: list) -> list:
     return json.loads(line[0][len("@@rows "):])
 
 
-def worker(a) -> None:
+def measure(table: dict, touch, **fields) -> None:
+    """Every rank: the set-up a run does for job ``table`` (``prepare``, ``share_tables``), then
+    ``touch(s)`` (reads what is measured; returns a dict with at least ``check``), the memory before
+    and after; rank 0 prints every rank's row (``fields`` added) as the ``@@rows`` line."""
     from mpi4py import MPI
-
-    import numpy as np
 
     from hpcfl import config
     from hpcfl.engine import simulation
     from hpcfl.engine.setup import release_tables, share_tables
+
+    comm = MPI.COMM_WORLD
+    cfg = config.from_dict(table)
+    comm.Barrier()
+    base = smaps()
+    s = simulation.prepare(cfg, comm)
+    share_tables(s, comm)
+    seen = touch(s)
+    comm.Barrier()
+    after = smaps()
+    row = {"rank": comm.rank, "ranks": comm.size, **fields, **seen,
+           "shared_mb": (s.tables.shared_bytes / 2**20) if s.tables is not None else 0.0,
+           **{f"base_{k}": v for k, v in base.items()}, **{f"after_{k}": v for k, v in after.items()}}
+    rows = comm.gather(row, root=0)
+    release_tables(s)
+    if comm.rank == 0:
+        print("@@rows " + json.dumps(rows), flush=True)
+
+
+def worker(a) -> None:
+    import numpy as np
+
     from hpcfl.parallel import shared
 
     if a.share == "off":
         shared.MIN_BYTES = 1 << 62
-    comm = MPI.COMM_WORLD
     table = {
         "run": {"name": "tables", "seed": 0, "rounds": 1, "eval_every": 0, "eval_clients": True},
         "data": {"dataset": "gaussian_mixture", "partition": "iid", "num_clients": a.clients, "cache": a.cache,
@@ -72,24 +94,14 @@ def worker(a) -> None:
         "algorithm": {"name": "fedavg", "clients_per_round": 100, "lr": 0.05, "local_steps": 5},
         "runtime": {"threads": 1, "progress": "none", "vectorize": "off"},
     }
-    cfg = config.from_dict(table)
-    comm.Barrier()
-    base = smaps()
-    s = simulation.prepare(cfg, comm)
-    share_tables(s, comm)
-    touched = [s.client_index.numpy(), s.client_offset, s.sizes, s.owner, s.class_counts]
-    if s.client_eval is not None:
-        touched += [s.client_eval.sample, s.client_eval.client, s.client_eval.sizes]
-    total = sum(int(np.asarray(t, dtype=np.int64).sum() % 7) for t in touched)   # read every page
-    comm.Barrier()
-    after = smaps()
-    row = {"rank": comm.rank, "ranks": comm.size, "share": a.share, "cache": a.label, "check": total,
-           "shared_mb": (s.tables.shared_bytes / 2**20) if s.tables is not None else 0.0,
-           **{f"base_{k}": v for k, v in base.items()}, **{f"after_{k}": v for k, v in after.items()}}
-    rows = comm.gather(row, root=0)
-    release_tables(s)
-    if comm.rank == 0:
-        print("@@rows " + json.dumps(rows), flush=True)
+
+    def touch(s):
+        touched = [s.client_index.numpy(), s.client_offset, s.sizes, s.owner, s.class_counts]
+        if s.client_eval is not None:
+            touched += [s.client_eval.sample, s.client_eval.client, s.client_eval.sizes]
+        return {"check": sum(int(np.asarray(t, dtype=np.int64).sum() % 7) for t in touched)}   # every page
+
+    measure(table, touch, share=a.share, cache=a.label)
 
 
 def main() -> None:
