@@ -1,6 +1,10 @@
 """Shared test helpers: small jobs and an in-memory run (no files)."""
 
+import contextlib
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -112,3 +116,14 @@ if __name__ == "__main__":   # a run_parallel worker
         rows = [{k: (float(v) if isinstance(v, (int, float, np.floating, np.integer)) else None)
                  for k, v in m.items()} for m in metrics]
         print(RESULT + json.dumps({"x": x.tolist(), "metrics": rows}), flush=True)
+
+
+@contextlib.contextmanager
+def rank0_folder(comm, prefix: str):
+    """A temporary folder that rank 0 makes and every rank of ``comm`` gets; rank 0 removes it once
+    every rank is done with it."""
+    path = Path(comm.bcast(tempfile.mkdtemp(prefix=prefix) if comm.rank == 0 else None, root=0))
+    yield path
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)

@@ -2,9 +2,7 @@
 Results, equal to a one-rank run of the same job; an input error and a callback that raises reach
 every rank as the same exception; the stopped run resumes to the uninterrupted one's bits."""
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +17,6 @@ from hpcfl.errors import CallbackError, ConfigError
 
 TABLE = job(**{"algorithm.name": "scaffold", "run.rounds": 4, "data.num_clients": 7})
 
-
-@pytest.fixture
-def folder():
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="hpcfl-api-mpi-") if comm.rank == 0 else None, root=0)
-    yield Path(path)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def fingerprint(res) -> tuple:

@@ -3,9 +3,7 @@ per rank holding exactly its own clients' rows, the 1-rank run's state bitwise w
 back on every rank under another placement; a rank that cannot write its shard, or rank 0 failing
 before any shard, fails the save on every rank and leaves only the older checkpoint."""
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,15 +31,6 @@ def cfg_of(placement):
     return config.from_dict(job(**{"algorithm.name": "scaffold", "algorithm.server_momentum": 0.5, "run.rounds": 3,
                                    "data.num_clients": 11, "runtime.placement": placement}))
 
-
-@pytest.fixture
-def folder():
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="hpcfl-shards-mpi-") if comm.rank == 0 else None, root=0)
-    yield Path(path)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -2,9 +2,7 @@
 and its panel are bitwise those of a one-rank run of the same job (the panel is drawn from the seed
 alone, and rank 0 keeps the panel's rows of records that do not depend on the rank count)."""
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import h5py
@@ -20,15 +18,6 @@ import hpcfl
 TABLE = job(**{"algorithm.name": "scaffold", "run.rounds": 3, "data.num_clients": 40, "algorithm.clients_per_round": 20,
                "data.dirichlet.alpha": 5.0, "results.clients": "sampled", "results.client_sample": 0.25})
 
-
-@pytest.fixture
-def folder():
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="hpcfl-sampled-mpi-") if comm.rank == 0 else None, root=0)
-    yield Path(path)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def stored(path: Path) -> dict:
