@@ -2,7 +2,8 @@
 
 The layout is in :mod:`hpcfl.io.schema`, the reader in :mod:`hpcfl.io.reader` (both
 re-exported here, where callers have always found them). The last writes (final model, diverged
-status, into objects made with the file) are in :mod:`hpcfl.io.results_final`, the HDF5 helpers in :mod:`hpcfl.io.results_h5`.
+status, into objects made with the file) are in :mod:`hpcfl.io.results_final`, the HDF5 helpers
+in :mod:`hpcfl.io.results_h5`.
 Files the writer creates in the run directory are created exclusively (:mod:`hpcfl.io.safefs`),
 and every write checks the free space it needs first (docs/reliability.md, "A full disk").
 """
@@ -22,7 +23,7 @@ from . import h5check, reader, safefs
 from .h5check import BadFile  # noqa: F401  (callers have found it here)
 from .panel import PanelFilter
 from .reader import Results, diverged_round, load, metric_rows, status  # noqa: F401
-from .results_final import LEGACY_COPY, FinalModel, FinalWrites, create_final_records  # noqa: F401
+from .results_final import LEGACY_COPY, FinalModel, FinalWrites, create_final_records, final_records_bytes  # noqa: F401
 from .results_h5 import (LOCKING, _append, _client_eval_group, _column, _copy_client_eval, _describe,  # noqa: F401
                          _FULL_FIX, _open, _segments, _with_margin, configure, copy_rows, fill_rows)
 from .schema import (CHUNK, CLIENT_CHOICES, CLIENT_EVAL, CLIENT_FIELDS, F64, I64, METRICS,  # noqa: F401
@@ -100,12 +101,10 @@ class ResultsWriter(FinalWrites):
         tmp = self.path.with_name(f".{self.path.name}.new-tmp")
         # HDF5 meeting a full disk while it creates the file can crash the process when the file is
         # closed after it: check first. What the new file holds at once: headers (the columns' chunks
-        # come with the rounds, each checked then), the class counts and the final records made with
-        # it (the model, N summary values a field).
-        counts = np.asarray(class_counts).size * 8
-        final = 0 if model is None else model.length * np.dtype(model.dtype).itemsize + 64 * len(model.names)
-        summaries = 8 * len(class_counts) * sum(f.summary is not None for f in self.client_fields.values())
-        safefs.need_space(self.path, _with_margin((128 << 10) + counts + final + summaries), "the new results file",
+        # come with the rounds, each checked then), the class counts and the final records made with it.
+        made = (128 << 10) + np.asarray(class_counts).size * 8 + final_records_bytes(model, len(class_counts),
+                                                                                      self.client_fields)
+        safefs.need_space(self.path, _with_margin(made), "the new results file",
                           "Free space (or quota) there, or choose another --out on a filesystem with room")
         try:
             safefs.remove_stale(tmp)

@@ -48,6 +48,12 @@ class FinalModel:
         return int(sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes))
 
 
+def final_records_bytes(model: FinalModel | None, clients: int, client_fields: dict) -> int:
+    """About the bytes :func:`create_final_records` writes: the model (and its names), N values a summary."""
+    params = 0 if model is None else model.length * model.dtype.itemsize + 64 * len(model.names)
+    return params + 8 * clients * sum(f.summary is not None for f in client_fields.values())
+
+
 def create_final_records(f: h5py.File, model: FinalModel | None, clients: int, client_fields: dict,
                          metrics: dict) -> None:
     """Create in ``f`` (normal mode, before SWMR) every object and attribute the end of the run fills.
